@@ -1,0 +1,23 @@
+# `make demo` and `make test` each set up .venv on a fresh machine, then run.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+.PHONY: install demo test lint bench
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/vitlab train --model vit_mnist --dataset mnist-5k --output runs/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench.py

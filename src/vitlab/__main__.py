@@ -1,0 +1,3 @@
+from vitlab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The ``vitlab`` command.
+
+Each sub-command lives in its own module under ``vitlab.commands`` and exposes
+``register(subparsers)``, which adds an ``argparse`` parser whose ``func(args) -> int`` runs it.
+Bad input raised as :class:`~vitlab.errors.VitlabError` (or ``ValueError``) becomes one line on
+stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from vitlab import commands
+from vitlab.errors import VitlabError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention)
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vitlab", description=__doc__.splitlines()[0])
+    from vitlab import __version__
+
+    parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"vitlab.commands.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except VitlabError as exc:
+        print(f"vitlab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        print(f"vitlab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vitlab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``vitlab`` CLI, one module each (see :mod:`vitlab.cli`)."""

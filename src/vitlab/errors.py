@@ -1,0 +1,21 @@
+"""Errors raised for bad input. Each message names the problem and the fix.
+
+All are ``ValueError`` subclasses, so callers that catch ``ValueError`` keep working; the CLI prints
+the message on one line and exits with status 2.
+"""
+
+
+class VitlabError(ValueError):
+    """Base class of every user-facing vitlab error."""
+
+
+class ConfigError(VitlabError):
+    """An invalid model or run configuration."""
+
+
+class DataError(VitlabError):
+    """A dataset that cannot be found, downloaded or read."""
+
+
+class CheckpointError(VitlabError):
+    """A checkpoint or weight file that cannot be loaded."""

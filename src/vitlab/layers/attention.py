@@ -1,0 +1,119 @@
+"""Multi-head self-attention (seed 003) with a fused SDPA path and an explicit path that returns maps.
+
+Options: qkv bias, QK-norm (ViT-5), talking heads (CaiT: head mixing before and after the softmax) and
+2-D RoPE (ViT-5). Every attention kind in vitlab derives from :class:`AttentionBase`, so
+:func:`record_attention` collects the maps of any model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitlab.errors import ConfigError
+from vitlab.layers.norm import LayerNorm
+from vitlab.layers.rope import apply_rope
+
+
+def check_heads(dim: int, num_heads: int) -> int:
+    """Return the head dim, or raise when ``num_heads`` does not divide ``dim``."""
+    if dim <= 0 or num_heads <= 0:
+        raise ConfigError(f"embed_dim and num_heads must be positive, got {dim} and {num_heads}")
+    if dim % num_heads:
+        ok = [h for h in range(1, min(dim, 32) + 1) if dim % h == 0]
+        raise ConfigError(f"num_heads {num_heads} does not divide embed_dim {dim}; pick num_heads from "
+                          f"{ok} or an embed_dim that is a multiple of {num_heads}")
+    return dim // num_heads
+
+
+class AttentionBase(nn.Module):
+    """Shared plumbing: the map recorder used by :func:`record_attention`."""
+
+    _maps: list[Tensor] | None = None
+
+    @property
+    def recording(self) -> bool:
+        return self._maps is not None
+
+    def _record(self, attn: Tensor) -> None:
+        if self._maps is not None:
+            self._maps.append(attn)
+
+
+@contextlib.contextmanager
+def record_attention(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
+    """Within the block, every attention module appends its map ``(B, heads, T_q, T_k)`` to the
+    yielded list in call order and takes its explicit path."""
+    maps: list[Tensor] = []
+    mods = [m for m in modules if isinstance(m, AttentionBase)]
+    for m in mods:
+        m._maps = maps
+    try:
+        yield maps
+    finally:
+        for m in mods:
+            m._maps = None
+
+
+class Attention(AttentionBase):
+    """``softmax(Q K^T / sqrt(d)) V`` over ``heads`` (timm names ``qkv``, ``q_norm``, ``k_norm``, ``proj``;
+    talking heads adds ``proj_l`` and ``proj_w`` as timm's CaiT)."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *, qkv_bias: bool = True, qk_norm: bool = False,
+                 talking_heads: bool = False, norm_layer: type[nn.Module] = LayerNorm,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+        super().__init__()
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.scale = self.head_dim**-0.5
+        self.talking_heads = talking_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        if talking_heads:
+            self.proj_l = nn.Linear(num_heads, num_heads)
+            self.proj_w = nn.Linear(num_heads, num_heads)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:
+        B, T, C = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, H, T, d) each
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if self.recording or self.talking_heads:
+            x = self._explicit(q, k, v)
+        else:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        x = x.transpose(1, 2).reshape(B, T, C)  # (B, H, T, d) -> (B, T, C)
+        return self.proj_drop(self.proj(x))
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
+        if self.talking_heads:
+            attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # mix heads before softmax
+        attn = attn.softmax(dim=-1)
+        if self.talking_heads:
+            attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # and after
+        self._record(attn)
+        return self.attn_drop(attn) @ v  # (B, H, T, d)
+
+    def flop_count(self, num_tokens: int, *, matmul_only: bool = False, rope: bool = False) -> int:
+        t, c, h = num_tokens, self.dim, self.num_heads
+        macs = t * c * 3 * c + 2 * t * t * c + t * c * c  # qkv, QK^T and AV, proj
+        if self.talking_heads:
+            macs += 2 * t * t * h * h
+        if matmul_only:
+            return macs
+        extra = t * c + h * t * t  # q * scale, softmax division
+        if isinstance(self.q_norm, nn.Module) and hasattr(self.q_norm, "flop_count"):
+            extra += 2 * self.q_norm.flop_count(t * h)
+        if rope:
+            extra += 2 * 2 * t * c  # q and k: x * cos + rot(x) * sin
+        return macs + extra

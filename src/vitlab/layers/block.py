@@ -1,0 +1,110 @@
+"""The pre-norm transformer block: ``x += gate(attn(norm1(x)))``, ``x += gate(mlp(norm2(x)))``.
+
+Any attention kind (plain, talking heads, re-attention, QK-norm, RoPE) and any residual gate (none,
+LayerScale, ReZero, SkipInit, small-eps scalar) are arguments, not forks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.layers.attention import Attention
+from vitlab.layers.drop_path import DropPath
+from vitlab.layers.layer_scale import LayerScale, ScalarGate, make_gate
+from vitlab.layers.mlp import Mlp
+from vitlab.layers.norm import LayerNorm
+
+
+class ResidualGates:
+    """Mixin for blocks with two gated residual branches.
+
+    Gates are modules ``ls1``/``ls2`` (timm's ViT names) or, for CaiT with LayerScale and
+    ``timm_names=True``, the parameters ``gamma_1``/``gamma_2`` of timm's ``Cait``.
+    :func:`record_residuals` makes every block record ``||branch|| / ||x||`` per sample.
+    """
+
+    _ratios: list[dict[str, Tensor]] | None = None
+
+    def _init_gates(self, dim: int, gate: str, init_values: float | None, drop_path: float,
+                    timm_names: bool = False) -> None:
+        self.gate = gate
+        self._param_gates = gate == "layerscale" and timm_names
+        if self._param_gates:
+            init = 1e-4 if init_values is None else init_values
+            self.gamma_1 = nn.Parameter(torch.full((dim,), float(init)))
+            self.gamma_2 = nn.Parameter(torch.full((dim,), float(init)))
+            self.gamma_1._no_weight_decay = True
+            self.gamma_2._no_weight_decay = True
+        else:
+            self.ls1 = make_gate(gate, dim, init_values)
+            self.ls2 = make_gate(gate, dim, init_values)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def _residual(self, i: int, x: Tensor, y: Tensor) -> Tensor:
+        branch = y * getattr(self, f"gamma_{i}") if self._param_gates else getattr(self, f"ls{i}")(y)
+        if self._ratios is not None:
+            ratio = branch.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1).clamp_min(1e-12)  # (B,)
+            if i == 1:
+                self._ratios.append({"attn": ratio.detach()})
+            else:
+                self._ratios[-1]["mlp"] = ratio.detach()
+        return x + getattr(self, f"drop_path{i}")(branch)
+
+    def _gate_flops(self, num_tokens: int) -> int:
+        if self._param_gates or isinstance(self.ls1, LayerScale):
+            return num_tokens * self.dim
+        if isinstance(self.ls1, ScalarGate):
+            return num_tokens * self.dim
+        return 0
+
+
+@contextlib.contextmanager
+def record_residuals(modules: Iterable[nn.Module]) -> Iterator[list[dict[str, Tensor]]]:
+    """Within the block, each gated block appends ``{"attn": (B,), "mlp": (B,)}`` residual ratios."""
+    ratios: list[dict[str, Tensor]] = []
+    mods = [m for m in modules if isinstance(m, ResidualGates)]
+    for m in mods:
+        m._ratios = ratios
+    try:
+        yield ratios
+    finally:
+        for m in mods:
+            m._ratios = None
+
+
+class Block(ResidualGates, nn.Module):
+    """Pre-norm block; ``attn`` is built by ``attn_layer(dim, num_heads, **attn_kwargs)``."""
+
+    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0,
+                 attn_layer: type[nn.Module] = Attention, attn_kwargs: dict | None = None,
+                 mlp_layer: type[nn.Module] = Mlp, norm_layer: type[nn.Module] = LayerNorm,
+                 gate: str = "none", init_values: float | None = 1e-4, drop_path: float = 0.0,
+                 proj_drop: float = 0.0, timm_names: bool = False) -> None:
+        super().__init__()
+        self.dim = dim
+        # ReZero drops the pre-norms; every other gate keeps them
+        self.norm1 = nn.Identity() if gate == "rezero" else norm_layer(dim)
+        self.attn = attn_layer(dim, num_heads, proj_drop=proj_drop, **(attn_kwargs or {}))
+        self.norm2 = nn.Identity() if gate == "rezero" else norm_layer(dim)
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self._init_gates(dim, gate, init_values, drop_path, timm_names)
+
+    def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:
+        y = self.attn(self.norm1(x), rope=rope) if rope is not None else self.attn(self.norm1(x))
+        x = self._residual(1, x, y)
+        return self._residual(2, x, self.mlp(self.norm2(x)))
+
+    def flop_count(self, num_tokens: int, *, matmul_only: bool = False, rope: bool = False) -> int:
+        t = num_tokens
+        f = self.attn.flop_count(t, matmul_only=matmul_only, rope=rope) + self.mlp.flop_count(
+            t, matmul_only=matmul_only)
+        if not matmul_only:
+            for norm in (self.norm1, self.norm2):
+                f += norm.flop_count(t) if hasattr(norm, "flop_count") else 0
+            f += 2 * self._gate_flops(t)
+        return f

@@ -1,0 +1,112 @@
+"""CaiT (Touvron et al., 2021; seed 000): LayerScale self-attention blocks on the patches, then
+class-attention blocks where only the class token queries.
+
+Parameter names follow timm's ``Cait``: ``patch_embed.proj``, ``pos_embed`` (patches only), ``cls_token``,
+``blocks.{i}.{norm1,attn.qkv,attn.proj_l,attn.proj_w,attn.proj,gamma_1,norm2,mlp.fc1,mlp.fc2,gamma_2}``,
+``blocks_token_only.{j}.{norm1,attn.q,attn.k,attn.v,attn.proj,gamma_1,norm2,mlp,gamma_2}``, ``norm``, ``head``.
+Unlike timm, the position embedding resamples to any image size (see :mod:`vitlab.interop`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.layers import ClassAttentionBlock, PatchEmbed, build_pos_embed, norm_layer
+from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weights
+from vitlab.models.config import ModelConfig
+from vitlab.models.vit import make_blocks
+
+_CAIT = dict(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False,
+             drop_path_rule="uniform", depth_token_only=2)
+
+# CaiT paper, Table 1 (dims, depth, heads) and the LayerScale init of each depth
+PRESETS: dict[str, dict] = {
+    "cait_xxs24": dict(_CAIT, embed_dim=192, depth=24, num_heads=4, init_values=1e-5),
+    "cait_xxs36": dict(_CAIT, embed_dim=192, depth=36, num_heads=4, init_values=1e-5),
+    "cait_xs24": dict(_CAIT, embed_dim=288, depth=24, num_heads=6, init_values=1e-5),
+    "cait_s24": dict(_CAIT, embed_dim=384, depth=24, num_heads=8, init_values=1e-5),
+    "cait_s36": dict(_CAIT, embed_dim=384, depth=36, num_heads=8, init_values=1e-6),
+    "cait_m36": dict(_CAIT, embed_dim=768, depth=36, num_heads=16, init_values=1e-6),
+    "cait_m48": dict(_CAIT, embed_dim=768, depth=48, num_heads=16, init_values=1e-6),
+}
+
+
+class Cait(VitlabModel):
+    """Class-Attention in Image Transformers."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        dim = cfg.embed_dim
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, dim)
+        self.grid_size = self.patch_embed.grid_size
+        self.num_patches = self.patch_embed.num_patches
+        self.num_prefix_tokens = 1
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        table = build_pos_embed(cfg.pos_embed, grid_size=self.grid_size, dim=dim, num_prefix=0)
+        if table is None:
+            self.pos_embed = None
+        elif cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(table)
+        else:
+            self.register_buffer("pos_embed", table)
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        self.blocks = make_blocks(cfg, timm_names=True)
+        norm = norm_layer(cfg.norm)
+        self.blocks_token_only = nn.ModuleList([
+            ClassAttentionBlock(dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio_token_only, qkv_bias=cfg.qkv_bias,
+                                norm_layer=norm, gate=cfg.gate, init_values=cfg.init_values,
+                                timm_names=True)
+            for _ in range(cfg.depth_token_only)])
+        self.norm = norm(dim)
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = head_linear(dim, cfg.num_classes)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        init_vit_weights(self)
+
+    def _patch_tokens(self, x: Tensor) -> Tensor:
+        x = self.patch_embed(x)  # (B, N, D)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        return self.pos_drop(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        x = self._patch_tokens(x)
+        for blk in self.blocks:
+            x = blk(x)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
+        for blk in self.blocks_token_only:
+            cls = blk(x, cls)
+        return self.norm(torch.cat([cls, x], dim=1))  # (B, 1 + N, D)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = x[:, 1:].mean(dim=1) if self.cfg.global_pool == "avg" else x[:, 0]
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def get_intermediate_layers(self, x: Tensor, n: int | list[int] = 1, norm: bool = False) -> list[Tensor]:
+        keep = set(range(len(self.blocks) - n, len(self.blocks))) if isinstance(n, int) else set(n)
+        out = []
+        x = self._patch_tokens(x)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x)
+            if i in keep:
+                out.append(self.norm(x) if norm else x)
+        return out
+
+    def flop_rows(self) -> list[FlopRow]:
+        n = self.num_patches
+        rows = [FlopRow("patch_embed", self.patch_embed, n, {})]
+        rows += [FlopRow(f"blocks.{i}", b, n, {}) for i, b in enumerate(self.blocks)]
+        rows += [FlopRow(f"blocks_token_only.{i}", b, n + 1, {}) for i, b in enumerate(self.blocks_token_only)]
+        rows.append(FlopRow("norm", self.norm, n + 1, {}))
+        if isinstance(self.head, nn.Linear):
+            rows.append(FlopRow("head", self.head, 1, {}))
+        return rows

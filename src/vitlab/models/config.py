@@ -1,0 +1,150 @@
+"""One config dataclass describes every architecture; it is stored verbatim in each checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from vitlab.errors import ConfigError
+from vitlab.layers import DROP_PATH_RULES, GATES, MLPS, NORMS, POS_EMBEDS, REATTN_NORMS
+
+ARCHS = ("vit", "cait")
+ATTNS = ("mhsa", "talking_heads", "reattention")
+POOLS = ("token", "avg")
+STEMS = ("patch", "conv")
+REG_POSITIONS = ("front", "end")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a vitlab model. ``arch='vit'`` covers ViT, DeepViT and ViT-5; ``'cait'`` is CaiT."""
+
+    arch: str = "vit"
+    name: str = ""
+    img_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    attn: str = "mhsa"  # mhsa | talking_heads | reattention
+    reattn_last: int | None = None  # re-attention only in the last k blocks (None: every block)
+    reattn_norm: str = "batch"  # batch (official DeepViT) | layer (vit-pytorch)
+    reattn_scale: bool = False
+    rope: bool = False  # 2-D RoPE on patch tokens (and registers at the end)
+    rope_theta: float = 10000.0
+    reg_rope_theta: float = 100.0
+    gate: str = "none"  # none | layerscale | rezero | skipinit | scalar
+    init_values: float | None = None  # gate init (LayerScale / small-eps scalar)
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    mlp: str = "gelu"  # gelu | swiglu
+    class_token: bool = True
+    reg_tokens: int = 0
+    reg_position: str = "front"  # front: after the class token (timm) | end: after the patches (ViT-5)
+    pos_embed: str = "learned"  # learned | sincos1d | sincos2d | none
+    pos_embed_cls: bool = True  # position slots for the prefix tokens too (timm's no_embed_class=False)
+    global_pool: str = "token"  # token | avg
+    fc_norm: bool | None = None  # None: as timm, norm after pooling when global_pool='avg'
+    stem: str = "patch"  # patch | conv (DeepViT's convolutional stem)
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    drop_path_rule: str = "linear"  # linear | uniform
+    depth_token_only: int = 2  # CaiT class-attention blocks
+    mlp_ratio_token_only: float = 4.0
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def replace(self, **overrides: Any) -> ModelConfig:
+        unknown = [k for k in overrides if k not in self.field_names()]
+        if unknown:
+            hints = []
+            for k in unknown:
+                close = difflib.get_close_matches(k, self.field_names(), n=3)
+                hints.append(f"{k!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+            raise ConfigError(f"unknown model option {', '.join(hints)}; valid options: "
+                              f"{', '.join(self.field_names()[2:])}")
+        cfg = dataclasses.replace(self, **overrides)
+        cfg.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        return cls().replace(**d)
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the fix for any impossible combination."""
+        _choice("arch", self.arch, ARCHS)
+        _choice("attn", self.attn, ATTNS)
+        _choice("gate", self.gate, GATES)
+        _choice("norm", self.norm, NORMS)
+        _choice("mlp", self.mlp, MLPS)
+        _choice("pos_embed", self.pos_embed, POS_EMBEDS)
+        _choice("global_pool", self.global_pool, POOLS)
+        _choice("stem", self.stem, STEMS)
+        _choice("reg_position", self.reg_position, REG_POSITIONS)
+        _choice("reattn_norm", self.reattn_norm, REATTN_NORMS)
+        _choice("drop_path_rule", self.drop_path_rule, DROP_PATH_RULES)
+        for key in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{key} must be a positive integer, got {v!r}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 0:
+            raise ConfigError(f"num_classes must be an integer >= 0 (0 gives features only), "
+                              f"got {self.num_classes!r}")
+        if self.mlp_ratio <= 0 or self.mlp_ratio_token_only <= 0:
+            raise ConfigError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+        if self.reg_tokens < 0 or self.depth_token_only < 0:
+            raise ConfigError("reg_tokens and depth_token_only must be >= 0")
+        for key in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            v = getattr(self, key)
+            if not 0.0 <= v < 1.0:
+                raise ConfigError(f"{key} must be in [0, 1), got {v}")
+        if self.img_size % self.patch_size:
+            lo = self.img_size - self.img_size % self.patch_size
+            raise ConfigError(
+                f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}; use img_size "
+                f"{lo or self.patch_size} or {lo + self.patch_size}, or a patch_size that divides {self.img_size}")
+        if self.embed_dim % self.num_heads:
+            ok = [h for h in range(1, min(self.embed_dim, 32) + 1) if self.embed_dim % h == 0]
+            raise ConfigError(f"num_heads {self.num_heads} does not divide embed_dim {self.embed_dim}; pick "
+                              f"num_heads from {ok} or an embed_dim that is a multiple of {self.num_heads}")
+        if self.rope and (self.embed_dim // self.num_heads) % 4:
+            raise ConfigError(f"rope=True needs a head dim divisible by 4, got {self.embed_dim // self.num_heads}"
+                              f"; change embed_dim/num_heads or set rope=False")
+        if self.rope and self.attn == "reattention":
+            raise ConfigError("rope=True is not supported with attn='reattention'; use attn='mhsa'")
+        if self.global_pool == "token" and not self.class_token and self.arch == "vit":
+            raise ConfigError("global_pool='token' needs a class token; set class_token=True or global_pool='avg'")
+        if self.arch == "cait":
+            if not self.class_token:
+                raise ConfigError("CaiT's class-attention stage needs a class token; keep class_token=True")
+            if self.reg_tokens or self.stem != "patch":
+                raise ConfigError("CaiT presets take no registers and the patch stem; use a vit preset for those")
+            if self.pos_embed_cls:
+                raise ConfigError("CaiT adds its position embedding to the patches only; set pos_embed_cls=False")
+        if self.stem == "conv" and self.patch_size % 2:
+            raise ConfigError(f"stem='conv' needs an even patch_size, got {self.patch_size}")
+        if self.pos_embed == "sincos2d" and self.embed_dim % 4:
+            raise ConfigError(f"pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
+        if self.reattn_last is not None and self.reattn_last < 0:
+            raise ConfigError(f"reattn_last must be >= 0 (blocks at the end with re-attention; more than depth "
+                              f"means all), got {self.reattn_last}")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown {key} {value!r}{hint}; choose one of {', '.join(choices)}")

@@ -1,0 +1,169 @@
+"""The Vision Transformer (seed 003), assembled from parts; DeepViT and ViT-5 are configurations of it.
+
+Token layout: ``[cls?, registers (front)?, patches, registers (end)?]``. Parameter names follow timm's
+``VisionTransformer``: ``patch_embed.proj``, ``cls_token``, ``reg_token``, ``pos_embed``,
+``blocks.{i}.{norm1,attn.qkv,attn.q_norm,attn.k_norm,attn.proj,ls1.gamma,norm2,mlp.fc1,mlp.fc2,ls2.gamma}``,
+``norm``, ``fc_norm``, ``head``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.layers import (
+    Attention,
+    Block,
+    ConvStem,
+    PatchEmbed,
+    ReAttention,
+    build_pos_embed,
+    drop_path_rates,
+    layout_rope,
+    mlp_layer,
+    norm_layer,
+)
+from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weights
+from vitlab.models.config import ModelConfig
+
+PRESETS: dict[str, dict] = {
+    # seed 003's from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
+    "vit_mnist": dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=8,
+                      num_heads=8, mlp_ratio=4.0, pos_embed="sincos1d"),
+    # ViT (Dosovitskiy et al., 2021) / DeiT sizes
+    "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
+    "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
+}
+
+
+def block_attention(cfg: ModelConfig, index: int) -> tuple[type[nn.Module], dict]:
+    """The attention class and its options for block ``index`` under ``cfg``."""
+    norm = norm_layer(cfg.norm)
+    if cfg.attn == "reattention":
+        first = 0 if cfg.reattn_last is None else max(0, cfg.depth - cfg.reattn_last)
+        if index >= first:
+            return ReAttention, dict(qkv_bias=cfg.qkv_bias, norm=cfg.reattn_norm, scale=cfg.reattn_scale,
+                                     attn_drop=cfg.attn_drop_rate)
+    return Attention, dict(qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_layer=norm,
+                           talking_heads=cfg.attn == "talking_heads", attn_drop=cfg.attn_drop_rate)
+
+
+def make_blocks(cfg: ModelConfig, timm_names: bool = False) -> nn.ModuleList:
+    rates = drop_path_rates(cfg.drop_path_rate, cfg.depth, cfg.drop_path_rule)
+    blocks = []
+    for i in range(cfg.depth):
+        attn_layer, attn_kwargs = block_attention(cfg, i)
+        blocks.append(Block(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, attn_layer=attn_layer,
+                            attn_kwargs=attn_kwargs, mlp_layer=mlp_layer(cfg.mlp), norm_layer=norm_layer(cfg.norm),
+                            gate=cfg.gate, init_values=cfg.init_values, drop_path=rates[i],
+                            proj_drop=cfg.drop_rate, timm_names=timm_names))
+    return nn.ModuleList(blocks)
+
+
+class VisionTransformer(VitlabModel):
+    """ViT with optional class token, registers, LayerScale or scalar gates, re-attention, QK-norm, RoPE."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        dim = cfg.embed_dim
+        stem = ConvStem if cfg.stem == "conv" else PatchEmbed
+        self.patch_embed = stem(cfg.img_size, cfg.patch_size, cfg.in_chans, dim)
+        self.grid_size = self.patch_embed.grid_size
+        self.num_patches = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, dim)) if cfg.reg_tokens else None
+        self.num_front = int(cfg.class_token) + (cfg.reg_tokens if cfg.reg_position == "front" else 0)
+        self.num_end = cfg.reg_tokens if cfg.reg_position == "end" else 0
+        self.num_prefix_tokens = self.num_front
+        table = build_pos_embed(cfg.pos_embed, grid_size=self.grid_size, dim=dim,
+                                num_prefix=self.num_front if cfg.pos_embed_cls else 0)
+        if table is None:
+            self.pos_embed = None
+        elif cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(table)
+        else:  # fixed sin-cos: a buffer under timm's name, saved with the weights
+            self.register_buffer("pos_embed", table)
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        if cfg.rope:
+            rope = layout_rope(self.num_front, self.grid_size, self.num_end, dim // cfg.num_heads,
+                               cfg.rope_theta, cfg.reg_rope_theta)
+            self.register_buffer("rope", rope, persistent=False)  # (2, T, head_dim)
+        else:
+            self.rope = None
+        self.blocks = make_blocks(cfg)
+        norm = norm_layer(cfg.norm)
+        use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
+        self.norm = nn.Identity() if use_fc_norm else norm(dim)
+        self.fc_norm = norm(dim) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = head_linear(dim, cfg.num_classes)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for tok in (self.cls_token, self.reg_token):
+            if tok is not None:
+                nn.init.normal_(tok, std=1e-6)
+        init_vit_weights(self)
+        for m in self.modules():
+            if isinstance(m, ReAttention):
+                m.reset_parameters()
+
+    def _tokens(self, x: Tensor) -> Tensor:
+        """Patches ``(B, N, D)`` -> all tokens ``(B, T, D)`` with position embedding added."""
+        B = x.shape[0]
+        front = []
+        if self.cls_token is not None:
+            front.append(self.cls_token.expand(B, -1, -1))
+        if self.reg_token is not None and self.num_front > int(self.cls_token is not None):
+            front.append(self.reg_token.expand(B, -1, -1))
+        if self.pos_embed is not None and not self.cfg.pos_embed_cls:
+            x = x + self.pos_embed
+        if front:
+            x = torch.cat([*front, x], dim=1)
+        if self.pos_embed is not None and self.cfg.pos_embed_cls:
+            x = x + self.pos_embed
+        if self.num_end:
+            x = torch.cat([x, self.reg_token.expand(B, -1, -1)], dim=1)
+        return self.pos_drop(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        x = self._tokens(self.patch_embed(x))  # (B, T, D)
+        for blk in self.blocks:
+            x = blk(x, self.rope)
+        return self.norm(x)
+
+    def pool(self, x: Tensor) -> Tensor:
+        if self.cfg.global_pool == "avg":
+            return x[:, self.num_front:self.num_front + self.num_patches].mean(dim=1)  # patch tokens only
+        return x[:, 0]
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = self.head_drop(self.fc_norm(self.pool(x)))
+        return x if pre_logits else self.head(x)
+
+    def get_intermediate_layers(self, x: Tensor, n: int | list[int] = 1, norm: bool = False) -> list[Tensor]:
+        keep = set(range(len(self.blocks) - n, len(self.blocks))) if isinstance(n, int) else set(n)
+        out = []
+        x = self._tokens(self.patch_embed(x))
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, self.rope)
+            if i in keep:
+                out.append(self.norm(x) if norm else x)
+        return out
+
+    def flop_rows(self) -> list[FlopRow]:
+        t = self.num_front + self.num_patches + self.num_end
+        rows = [FlopRow("patch_embed", self.patch_embed, self.num_patches, {})]
+        rows += [FlopRow(f"blocks.{i}", b, t, {"rope": self.rope is not None}) for i, b in enumerate(self.blocks)]
+        if hasattr(self.norm, "flop_count"):
+            rows.append(FlopRow("norm", self.norm, t, {}))
+        if hasattr(self.fc_norm, "flop_count"):
+            rows.append(FlopRow("fc_norm", self.fc_norm, 1, {}))
+        if isinstance(self.head, nn.Linear):
+            rows.append(FlopRow("head", self.head, 1, {}))
+        return rows
