@@ -97,7 +97,7 @@ def _pil_to_array(img, in_chans: int) -> np.ndarray:
         img = img.convert("RGBA")
     # like torchvision's and timm's loaders, alpha is dropped (the stored colour of each pixel is kept)
     img = img.convert("L" if in_chans == 1 else "RGB")
-    arr = np.asarray(img, dtype=np.uint8)
+    arr = np.array(img, dtype=np.uint8)  # a writable copy
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
@@ -123,5 +123,5 @@ def load_image(path: str | Path, *, img_size: int, in_chans: int) -> Tensor:
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         msg = str(exc).replace("\n", " ")
         raise DataError(f"cannot read image {path} ({msg}); remove or re-save the file") from exc
-    tensor = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).contiguous()  # (C, H, W)
+    tensor = torch.from_numpy(arr).permute(2, 0, 1).contiguous()  # (C, H, W)
     return resize_images(tensor, img_size)
