@@ -67,4 +67,6 @@ class ReAttention(AttentionBase):
         macs = t * c * 3 * c + 2 * t * t * c + t * c * c + t * t * h * h
         if matmul_only:
             return macs
-        return macs + t * c + h * t * t + 2 * h * t * t  # scale, softmax, norm (scale and shift-mul)
+        norm = 2 if self.norm_kind == "batch" else 3  # per element: BatchNorm (eval) 2, LayerNorm 3
+        rescale = h * t * t if self.reattn_scale != 1.0 else 0
+        return macs + t * c + h * t * t + norm * h * t * t + rescale  # q scale, softmax, norm, map scale

@@ -1,0 +1,37 @@
+"""Why one deep transformer trains and another does not: attention collapse, residual ratios, attention
+maps and rollout, position-embedding similarity, and the ``index.html`` reports every study writes.
+
+Pure functions on tensors (``cross_layer_similarity``, ``rollout``, ``pos_embed_similarity``, ...) work on
+``model.attention_maps(x)`` / ``model.residual_ratios(x)`` of any vitlab model; ``analyze_model`` runs them
+all and writes PNG + CSV + JSON + ``index.html``.
+"""
+
+from vitlab.analysis.analyze import AnalysisResult, analyze_model
+from vitlab.analysis.attention_maps import (
+    Rollout,
+    TokenLayout,
+    class_attention_rollout,
+    class_token_attention,
+    model_rollout,
+    rollout,
+    to_grid,
+)
+from vitlab.analysis.collapse import (
+    CollapseGroup,
+    SimilarityMeter,
+    adjacent_similarity,
+    collapse_groups,
+    cross_layer_similarity,
+    similar_blocks,
+)
+from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
+from vitlab.analysis.report import Section, atomic_path, read_csv, versions, write_csv, write_json, write_report
+from vitlab.analysis.residuals import BlockRatio, gated_blocks, residual_ratios, stack_ratios
+
+__all__ = [
+    "AnalysisResult", "BlockRatio", "CollapseGroup", "Rollout", "Section", "SimilarityMeter", "TokenLayout",
+    "adjacent_similarity", "analyze_model", "atomic_path", "class_attention_rollout", "class_token_attention",
+    "collapse_groups", "cross_layer_similarity", "gated_blocks", "model_rollout", "patch_pos_embed",
+    "pos_embed_similarity", "read_csv", "residual_ratios", "rollout", "similar_blocks", "similarity_grid",
+    "stack_ratios", "to_grid", "versions", "write_csv", "write_json", "write_report",
+]

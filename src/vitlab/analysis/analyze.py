@@ -1,0 +1,281 @@
+"""``analyze_model``: every analysis of one model on one batch of images, written as PNG + CSV + JSON and an
+offline ``index.html``.
+
+Files (all in ``out_dir``): ``collapse_similarity.{png,csv}``, ``collapse_layers.csv``,
+``collapse_similar_blocks.png``, ``residual_ratios.{png,csv}``, ``attention_heads.png``,
+``attention_rollout.png``, ``attention_maps.csv``, ``pos_embed_similarity.{png,csv}`` (models with an
+absolute position embedding), ``summary.json`` and ``index.html``. They are written into a hidden staging
+folder and moved into place at the end, so a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.analysis import plots
+from vitlab.analysis.attention_maps import TokenLayout, class_token_attention, model_rollout
+from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
+from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
+from vitlab.analysis.report import Section, versions, write_csv, write_json, write_report
+from vitlab.analysis.residuals import BlockRatio, residual_ratios
+from vitlab.errors import ConfigError, DataError
+from vitlab.layers.attention import AttentionBase
+
+
+@dataclass
+class AnalysisResult:
+    """What :func:`analyze_model` computed, and the files it wrote (names relative to ``out_dir``)."""
+
+    out_dir: Path
+    groups: list[CollapseGroup]
+    ratios: list[BlockRatio]
+    cls_attention: Tensor  # (S, H, g, g) for the S shown images
+    rollout: Tensor  # (S, g, g)
+    pos_similarity: Tensor | None  # (N, N)
+    summary: dict
+    files: list[str] = field(default_factory=list)
+
+
+def attention_layer_names(model: nn.Module, count: int) -> list[str]:
+    names = [n for n, m in model.named_modules() if isinstance(m, AttentionBase)]
+    return names if len(names) == count else [f"layer {i}" for i in range(count)]
+
+
+def model_inputs(model: nn.Module, images: Tensor, mean: tuple[float, ...] | None,
+                 std: tuple[float, ...] | None) -> Tensor:
+    """Check ``images`` against the model and return float inputs: uint8 is scaled to [0, 1] and, given
+    ``mean``/``std``, standardised; float images are used as they are."""
+    cfg = model.cfg
+    want = (cfg.in_chans, cfg.img_size, cfg.img_size)
+    if images.dim() != 4 or len(images) == 0:
+        raise DataError(f"images must be a non-empty (B, C, H, W) batch, got shape {tuple(images.shape)}")
+    if tuple(images.shape[1:]) != want:
+        raise DataError(f"images are {tuple(images.shape[1:])} (C, H, W) but the model expects {want}; load the "
+                        f"data with img_size={cfg.img_size}, in_chans={cfg.in_chans}")
+    if images.dtype != torch.uint8:
+        return images.float()
+    if mean is None or std is None:
+        return images.float() / 255.0
+    from vitlab.data import normalize
+
+    return normalize(images, mean, std)
+
+
+def _collapse_rows(groups: list[CollapseGroup], names: list[str]) -> tuple[list[dict], list[dict]]:
+    pairs, layers = [], []
+    for g in groups:
+        prev = adjacent_similarity(g.similarity)
+        n = len(g.layers)
+        for i, p in enumerate(g.layers):
+            others = (g.similarity[i].sum() - g.similarity[i, i]) / (n - 1) if n > 1 else float("nan")
+            layers.append({"group": g.name, "layer": p, "name": names[p], "similar_blocks": int(g.similar[i]),
+                           "similarity_prev": float(prev[i]), "mean_similarity_others": float(others)})
+            for j, q in enumerate(g.layers):
+                pairs.append({"group": g.name, "layer_p": p, "layer_q": q, "similarity": float(g.similarity[i, j])})
+    return pairs, layers
+
+
+def _attention_rows(cls_attn: Tensor, roll: Tensor, row_names: list[str]) -> list[dict]:
+    rows = []
+    S, H, g, _ = cls_attn.shape
+    maps = [(f"head{h}", cls_attn[:, h]) for h in range(H)] + [("mean", cls_attn.mean(dim=1)), ("rollout", roll)]
+    for s in range(S):
+        for name, m in maps:
+            for r in range(g):
+                for c in range(g):
+                    rows.append({"image": row_names[s], "map": name, "row": r, "col": c, "value": float(m[s, r, c])})
+    return rows
+
+
+@torch.no_grad()
+def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labels: Tensor | None = None,
+                  classes: list[str] | None = None, mean: tuple[float, ...] | None = None,
+                  std: tuple[float, ...] | None = None, threshold: float = 0.9, num_show: int = 6,
+                  layer: int = -1, batch_size: int = 32, command: str | list[str] | None = None,
+                  title: str | None = None) -> AnalysisResult:
+    """Run attention collapse, residual ratios, attention maps / rollout and the position-embedding figure.
+
+    ``images``: ``(B, C, H, W)`` uint8 (standardised with ``mean``/``std`` when given) or float model
+    inputs. Collapse and residual ratios average over all ``B`` images; the maps show the first
+    ``num_show``. ``layer`` picks the attention map drawn per head (default the last; CaiT: the last
+    class-attention layer). The model runs in eval mode on its own device and is put back as it was.
+    """
+    if not -1.0 <= threshold <= 1.0:
+        raise ConfigError(f"threshold {threshold} is not a cosine similarity; pass a value in [-1, 1], e.g. 0.9")
+    if num_show < 1 or batch_size < 1:
+        raise ConfigError(f"num_show and batch_size must be >= 1, got {num_show} and {batch_size}")
+    x = model_inputs(model, images, mean, std)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"output {out_dir} is a file; pass --output a folder")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.staging-"))
+    try:
+        result = _run(model, x, images, stage, device=device, labels=labels, classes=classes, threshold=threshold,
+                      num_show=min(num_show, len(x)), layer=layer, batch_size=batch_size, command=command,
+                      title=title)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in result.files:  # index.html is last: it appears once everything it shows is there
+            os.replace(stage / name, out_dir / name)
+    finally:
+        model.train(was_training)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(stage)
+    result.out_dir = out_dir
+    return result
+
+
+def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: torch.device,
+         labels: Tensor | None, classes: list[str] | None, threshold: float, num_show: int, layer: int,
+         batch_size: int, command: str | list[str] | None, title: str | None) -> AnalysisResult:
+    cfg = model.cfg
+    layout = TokenLayout.of(model)
+    meter = SimilarityMeter(threshold)
+    cls_attn, roll, mass = [], [], []
+    names: list[str] = []
+    for start in range(0, len(x), batch_size):
+        chunk = x[start:start + batch_size].to(device)
+        maps = model.attention_maps(chunk)
+        if not maps:
+            raise ConfigError(f"model {cfg.name or cfg.arch!r} recorded no attention maps; analyse a vitlab model")
+        if not names:
+            names = attention_layer_names(model, len(maps))
+            if not -len(maps) <= layer < len(maps):
+                raise ConfigError(f"layer {layer} does not exist: the model has {len(maps)} attention layers "
+                                  f"(0..{len(maps) - 1}, or -1 for the last)")
+        meter.update(maps)
+        r = model_rollout(maps, layout)
+        mass.append(r.patch_mass.cpu())
+        if start < num_show:
+            keep = num_show - start
+            cls_attn.append(class_token_attention(maps[layer][:keep], layout).cpu())
+            roll.append(r.relevance[:keep].cpu())
+    groups = meter.compute()
+    cls_attention, relevance, patch_mass = torch.cat(cls_attn), torch.cat(roll), torch.cat(mass)
+    ratios = residual_ratios(model, x, batch_size=batch_size)
+
+    files: list[str] = []
+
+    def add(name: str) -> str:
+        files.append(name)
+        return name
+
+    def label_of(i: int) -> str:
+        if labels is None:
+            return f"#{i}"
+        y = int(labels[i])
+        return f"#{i} ({classes[y] if classes and 0 <= y < len(classes) else y})"
+
+    # attention collapse
+    pairs, layer_rows = _collapse_rows(groups, names)
+    write_csv(stage / add("collapse_similarity.csv"), pairs)
+    write_csv(stage / add("collapse_layers.csv"), layer_rows)
+    pretty = {"self_attention": "self-attention", "class_attention": "class-attention"}
+    plots.similarity_heatmaps([(f"{pretty.get(g.name, g.name)} ({g.along}s)", g.similarity, g.layers)
+                               for g in groups], stage / add("collapse_similarity.png"))
+    plots.similar_blocks_plot([(pretty.get(g.name, g.name), g.layers, g.similar, adjacent_similarity(g.similarity),
+                                threshold) for g in groups], stage / add("collapse_similar_blocks.png"))
+
+    # residual ratios
+    write_csv(stage / add("residual_ratios.csv"), [r.row() for r in ratios])
+    ca = [r.index for r in ratios if r.kind == "class_attention"]
+    plots.residual_plot([r.index for r in ratios], [r.attn_mean for r in ratios], [r.mlp_mean for r in ratios],
+                        stage / add("residual_ratios.png"), attn_std=[r.attn_std for r in ratios],
+                        mlp_std=[r.mlp_std for r in ratios], boundary=ca[0] if ca else None,
+                        title=f"residual ratio per block, mean over {len(x)} images")
+
+    # attention maps and rollout
+    shown = [label_of(i) for i in range(num_show)]
+    display = plots.display_images(images[:num_show])
+    H = cls_attention.shape[1]
+    layer_index = layer % len(names)
+    which = "class-token" if layout.class_token else "mean received"
+    heads = torch.cat([cls_attention, cls_attention.mean(dim=1, keepdim=True)], dim=1)  # (S, H + 1, g, g)
+    plots.overlay_grid(display, heads, [f"head {h}" for h in range(H)] + ["mean"], stage / add("attention_heads.png"),
+                       row_titles=shown, title=f"{which} attention, {names[layer_index]}")
+    both = torch.stack([cls_attention.mean(dim=1), relevance], dim=1)  # (S, 2, g, g)
+    plots.overlay_grid(display, both, ["mean of heads", "rollout"], stage / add("attention_rollout.png"),
+                       row_titles=shown, title=f"{which} attention ({names[layer_index]}) and rollout")
+    write_csv(stage / add("attention_maps.csv"), _attention_rows(cls_attention, relevance, shown))
+
+    # position embedding
+    pos_sim, pos_note = None, ""
+    try:
+        table = patch_pos_embed(model)
+    except ConfigError as exc:
+        pos_note = str(exc)
+    else:
+        pos_sim = pos_embed_similarity(table)
+        g = layout.grid_size
+        write_csv(stage / add("pos_embed_similarity.csv"),
+                  [{"patch_i": i, "patch_j": j, "row_i": i // g, "col_i": i % g, "row_j": j // g, "col_j": j % g,
+                    "similarity": float(pos_sim[i, j])} for i in range(g * g) for j in range(g * g)])
+        plots.pos_embed_figure(similarity_grid(pos_sim, g), stage / add("pos_embed_similarity.png"),
+                               title=f"position embedding similarity ({cfg.pos_embed})")
+
+    summary = {
+        "model": cfg.to_dict(),
+        "num_images": len(x),
+        "threshold": threshold,
+        "attention_layers": names,
+        "collapse": [{"group": g.name, "along": g.along, "layers": g.layers,
+                      "mean_similarity": g.mean_off_diagonal(), "similar_blocks": g.similar.tolist(),
+                      "similarity": g.similarity.tolist()} for g in groups],
+        "residual_ratios": [r.row() for r in ratios],
+        "attention_layer": names[layer_index],
+        "rollout_patch_mass": float(patch_mass.mean()),
+        "pos_embed": "drawn" if pos_sim is not None else pos_note,
+        "versions": versions(),
+    }
+    write_json(stage / add("summary.json"), summary)
+    cmd = command if command is not None else f"vitlab.analysis.analyze_model({cfg.name or cfg.arch}, {len(x)} images)"
+    write_report(stage, title or f"Analysis of {cfg.name or cfg.arch}", cmd,
+                 _sections(groups, ratios, pos_sim is not None, pos_note, len(x), threshold, names[layer_index],
+                           float(patch_mass.mean()), layout.class_token))
+    files.append("index.html")
+    return AnalysisResult(stage, groups, ratios, cls_attention, relevance, pos_sim, summary, files)
+
+
+def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bool, pos_note: str, n: int,
+              threshold: float, layer_name: str, patch_mass: float, class_token: bool) -> list[Section]:
+    collapse = ", ".join(f"{g.name}: mean similarity {g.mean_off_diagonal():.3f}, "
+                         f"{int((g.similar > 0).sum())} of {len(g.layers)} layers with a similar block"
+                         for g in groups)
+    secs = [
+        Section("Attention collapse",
+                "Cosine similarity of the same head's attention column for the same token between layers p and "
+                f"q, averaged over heads, tokens and {n} images (DeepViT). Class-attention layers (one query) "
+                f"compare their single query row instead, among themselves. A block is similar to another when "
+                f"their similarity exceeds {threshold:g}.\n\n{collapse}.",
+                ["collapse_similarity.png", "collapse_similar_blocks.png"], ["collapse_layers.csv"]),
+        Section("Residual ratios",
+                "||g(x)||_2 / ||x||_2 of the attention and MLP branch of each block (after its gate), per image, "
+                f"mean and standard deviation over {n} images (CaiT). Flat curves mean every block contributes "
+                "in proportion; LayerScale makes them flatter, zero gates make them 0.",
+                ["residual_ratios.png"], ["residual_ratios.csv"]),
+        Section("Attention maps",
+                f"{'Class-token attention' if class_token else 'Mean attention received by each patch'} in "
+                f"{layer_name}, per head and averaged over heads, then attention rollout (heads averaged, "
+                "identity added, rows renormalised, layers multiplied). Each overlay is min-max scaled on its "
+                f"own; attention_maps.csv holds the raw values. Share of the rollout on patches (the rest lies on "
+                f"the class token and registers): {patch_mass:.3f}.",
+                ["attention_heads.png", "attention_rollout.png"], []),
+    ]
+    if has_pos:
+        secs.append(Section("Position embedding",
+                            "Cosine similarity of each patch's position embedding with every other patch's: tile "
+                            "(r, c) shows patch (r, c) against the whole grid.", ["pos_embed_similarity.png"], []))
+    else:
+        secs.append(Section("Position embedding", f"Not drawn: {pos_note}"))
+    return secs

@@ -1,0 +1,94 @@
+"""``vitlab analyze``: attention collapse, residual ratios, attention maps / rollout and the position-embedding
+figure of a checkpoint, on test images, written as PNG + CSV + JSON and an offline ``index.html``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DATASET = "mnist-5k"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "analyze", help="attention collapse, residual ratios, attention maps of a checkpoint",
+        description="Analyse a trained model: cross-layer attention similarity (DeepViT), residual ratios (CaiT), "
+                    "class-token attention per head and rollout, position-embedding similarity. Writes PNG, CSV, "
+                    "summary.json and index.html into --output.")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="checkpoint folder: model.safetensors + config.json (written by vitlab train)")
+    p.add_argument("--output", required=True, metavar="DIR", help="folder for the figures, tables and index.html")
+    p.add_argument("--dataset", default=None,
+                   help=f"images to analyse (test split); default: the checkpoint's run dataset or {DEFAULT_DATASET}")
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
+    p.add_argument("--num-images", type=int, default=64, help="test images averaged over (default 64)")
+    p.add_argument("--show", type=int, default=6, help="images drawn in the attention figures (default 6)")
+    p.add_argument("--threshold", type=float, default=0.9,
+                   help="similarity above which two blocks count as similar (default 0.9)")
+    p.add_argument("--layer", type=int, default=-1,
+                   help="attention layer drawn per head (default -1, the last; CaiT: the last class-attention)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    p.set_defaults(func=run)
+
+
+def load_checkpoint(checkpoint: Path) -> tuple[Any, dict]:
+    """The vitlab model of a checkpoint folder and the ``"run"`` section of its config.json ({} if none)."""
+    from vitlab.errors import CheckpointError, ConfigError
+    from vitlab.models import VitlabModel
+    from vitlab.train.checkpoint import load_model, read_config
+
+    if not checkpoint.exists():
+        raise CheckpointError(f"checkpoint {checkpoint} does not exist; pass --checkpoint the output folder of a "
+                              "`vitlab train` run (model.safetensors + config.json)")
+    run = read_config(checkpoint).get("run")
+    model = load_model(checkpoint)
+    if not isinstance(model, VitlabModel):
+        raise ConfigError(f"checkpoint {checkpoint} holds a {type(model).__module__.split('.')[0]} "
+                          f"{type(model).__name__}, which records no attention maps; analyse a vitlab model "
+                          "(timm weights convert with vitlab.interop)")
+    return model, run if isinstance(run, dict) else {}
+
+
+def command_line(args: argparse.Namespace, dataset: str, data_dir: str | None) -> list[str]:
+    """The exact command, every option spelled out with the value used."""
+    cmd = ["vitlab", "analyze", "--checkpoint", str(args.checkpoint), "--output", str(args.output),
+           "--dataset", dataset]
+    if data_dir:
+        cmd += ["--data-dir", str(data_dir)]
+    cmd += ["--num-images", str(args.num_images), "--show", str(args.show), "--threshold", f"{args.threshold:g}",
+            "--layer", str(args.layer), "--batch-size", str(args.batch_size), "--device", args.device]
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from vitlab.analysis import analyze_model
+    from vitlab.data import load_dataset, normalization
+    from vitlab.errors import ConfigError
+
+    for key in ("num_images", "show", "batch_size"):
+        if getattr(args, key) < 1:
+            raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    checkpoint = Path(args.checkpoint).expanduser()
+    model, run_cfg = load_checkpoint(checkpoint)
+    dataset = args.dataset or run_cfg.get("dataset") or DEFAULT_DATASET
+    data_dir = args.data_dir or (run_cfg.get("data_dir") if not args.dataset else None)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {args.device} asks for CUDA but none is available; use --device cpu")
+    cfg = model.cfg
+    _, test = load_dataset(dataset, data_dir=data_dir, img_size=cfg.img_size, in_chans=cfg.in_chans)
+    n = min(args.num_images, len(test))
+    mean, std = normalization(dataset, cfg.in_chans)
+    result = analyze_model(model.to(device), test.images[:n], args.output, labels=test.labels[:n],
+                           classes=test.classes, mean=mean, std=std, threshold=args.threshold, num_show=args.show,
+                           layer=args.layer, batch_size=args.batch_size, command=command_line(args, dataset, data_dir),
+                           title=f"Analysis of {cfg.name or cfg.arch} ({checkpoint.name}) on {dataset}")
+    for g in result.groups:
+        print(f"{g.name}: mean cross-layer similarity {g.mean_off_diagonal():.3f}, similar blocks per layer "
+              f"{g.similar.tolist()}")
+    print(f"wrote {len(result.files)} files to {result.out_dir} (open {result.out_dir / 'index.html'})")
+    return 0

@@ -1,0 +1,227 @@
+"""The run configuration: one dataclass, YAML loading, and the recipe defaults per data set size.
+
+Precedence, lowest first: :data:`SIZE_DEFAULTS` (by training-set size) and :data:`AUGMENT_DEFAULTS` (by
+kind of image), then a ``--config`` YAML file, then command-line flags. Recipe fields left ``None`` are
+filled by :func:`resolve` once the data set is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitlab.errors import ConfigError
+
+# Training recipe by number of training images (the first row whose bound is >= N applies).
+# The small-data row is tuned on mnist-5k (4,000 digits): see docs/training.md for the measured run.
+SIZE_DEFAULTS: list[tuple[int, dict[str, Any]]] = [
+    (10_000, dict(epochs=100, batch_size=128, lr=2e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=3,
+                  label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
+    (100_000, dict(epochs=30, batch_size=256, lr=1e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=2,
+                   label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
+    (1 << 62, dict(epochs=10, batch_size=256, lr=1e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=1,
+                   label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
+]
+
+# Augmentation by kind of image: digits must not be flipped; natural images are flipped and shifted.
+AUGMENT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "digits": dict(degrees=12.0, scale=(0.9, 1.1), shear=8.0, translate=0.12, erase_prob=0.0, hflip=False,
+                   pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0),
+    "natural": dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.25, hflip=True,
+                    pad_crop=4, trivial_augment=False, mixup=0.0, cutmix=0.0),
+}
+DATA_KIND = {"mnist": "digits", "mnist-5k": "digits", "fashion-mnist": "digits", "cifar10": "natural",
+             "cifar100": "natural", "imagefolder": "natural"}
+
+# Model overrides a data set's recipe applies to vitlab presets of arch 'vit' unless the user sets them.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {}, "natural": {}}
+
+AMP_MODES = ("auto", "bf16", "off")
+RECIPE_FIELDS = tuple(SIZE_DEFAULTS[0][1]) + tuple(AUGMENT_DEFAULTS["digits"])
+
+
+@dataclass
+class RunConfig:
+    """Everything a training run needs besides the data; stored in each checkpoint's config.json."""
+
+    model: str = "vit_mnist"  # a preset name, or timm:NAME
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields (timm: kwargs)
+    dataset: str = "mnist-5k"
+    data_dir: str | None = None
+    download: bool = True
+    limit_train: int | None = None  # a fixed random subset of N training images
+    limit_test: int | None = None
+    # recipe; None takes the defaults of the data set size (SIZE_DEFAULTS)
+    epochs: int | None = None
+    batch_size: int | None = None  # global batch (split over DDP processes)
+    lr: float | None = None
+    min_lr: float | None = None
+    weight_decay: float | None = None
+    warmup_epochs: float | None = None
+    label_smoothing: float | None = None
+    clip_grad: float | None = None  # 0: off
+    drop_path: float | None = None  # the model's drop_path_rate
+    drop_path_rule: str | None = None  # uniform | linear (None: the preset's)
+    ema_decay: float | None = None  # 0: off
+    # augmentation; None takes the defaults of the kind of image (AUGMENT_DEFAULTS)
+    degrees: float | None = None
+    scale: tuple[float, float] | None = None
+    shear: float | None = None
+    translate: float | None = None
+    erase_prob: float | None = None
+    hflip: bool | None = None
+    pad_crop: int | None = None
+    trivial_augment: bool | None = None
+    mixup: float | None = None  # mixup alpha, 0: off
+    cutmix: float | None = None  # cutmix alpha, 0: off
+    # execution
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: str = "auto"  # auto: bf16 autocast on CUDA, off on CPU
+    compile: bool = False
+    threads: int | None = None  # torch intra-op threads (None: torch's default, or cores / processes)
+    eval_batch_size: int = 1000
+    checkpoint_every: int = 0  # also save every N steps (0: only at epoch ends)
+    skip_nonfinite: bool = False
+    output: str | None = None
+    progress: bool = True
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d["scale"] is not None:
+            d["scale"] = list(d["scale"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "run config") -> RunConfig:
+        return cls(**coerce(d, source))
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **coerce(changes, "run config"))
+
+    def resolve(self, num_train: int) -> RunConfig:
+        """Fill every ``None`` recipe field from the defaults for ``num_train`` images of this data set."""
+        defaults = {**size_defaults(num_train), **AUGMENT_DEFAULTS[DATA_KIND.get(self.dataset, "natural")]}
+        filled = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        cfg = dataclasses.replace(self, **filled)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the fix for an impossible value."""
+        positive = ("epochs", "batch_size", "eval_batch_size", "limit_train", "limit_test", "threads")
+        for key in positive:
+            v = getattr(self, key)
+            if v is not None and v <= 0:
+                raise ConfigError(f"{key} must be a positive integer, got {v}; fix --{key.replace('_', '-')}")
+        for key in ("lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "clip_grad", "degrees",
+                    "shear", "translate", "mixup", "cutmix", "pad_crop", "checkpoint_every"):
+            v = getattr(self, key)
+            if v is not None and v < 0:
+                raise ConfigError(f"{key} must be >= 0, got {v}; fix --{key.replace('_', '-')}")
+        for key in ("label_smoothing", "erase_prob", "ema_decay", "drop_path"):
+            v = getattr(self, key)
+            if v is not None and not 0 <= v < 1:
+                raise ConfigError(f"{key} must be in [0, 1), got {v}; fix --{key.replace('_', '-')}")
+        if self.lr is not None and self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}; e.g. --lr 1e-3")
+        if self.amp not in AMP_MODES:
+            raise ConfigError(f"unknown amp {self.amp!r}; choose one of {', '.join(AMP_MODES)}")
+        if self.drop_path_rule not in (None, "uniform", "linear"):
+            raise ConfigError(f"unknown drop_path_rule {self.drop_path_rule!r}; choose uniform or linear")
+        if self.scale is not None and not 0 < self.scale[0] <= self.scale[1]:
+            raise ConfigError(f"scale {self.scale} must be two numbers 0 < low <= high, e.g. 0.9 1.1")
+
+
+def size_defaults(num_train: int) -> dict[str, Any]:
+    """The recipe row of :data:`SIZE_DEFAULTS` for a training set of ``num_train`` images."""
+    return dict(next(row for bound, row in SIZE_DEFAULTS if num_train <= bound))
+
+
+def model_defaults(dataset: str) -> dict[str, Any]:
+    return dict(MODEL_DEFAULTS[DATA_KIND.get(dataset, "natural")])
+
+
+def _type_of(name: str) -> Any:
+    hints = typing.get_type_hints(RunConfig)
+    return hints[name]
+
+
+def _coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{source}: {key} cannot be empty; give a value or remove the key")
+    base = next((a for a in args if a is not type(None)), tp) if isinstance(tp, types.UnionType) or args else tp
+    origin = typing.get_origin(base) or base
+    bad = ConfigError(f"{source}: {key} must be {getattr(origin, '__name__', origin)}, got {value!r}")
+    if origin is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if origin is int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise bad
+        return int(value)
+    if origin is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad
+        return float(value)
+    if origin is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise ConfigError(f"{source}: {key} must be two numbers, got {value!r}")
+        return tuple(float(_coerce_value(key, v, float, source)) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    return value
+
+
+def coerce(d: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check keys (dashes allowed) and value types of a partial run config; returns the normalised dict."""
+    names = RunConfig.field_names()
+    out = {}
+    for raw_key, value in d.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=2)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"{source}: unknown option {raw_key!r}{hint}; valid options: {', '.join(names)}")
+        out[key] = _coerce_value(key, value, _type_of(key), source)
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a run config YAML file (a mapping of :class:`RunConfig` fields) as a checked partial dict."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; check the --config path")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        detail = str(exc).replace("\n", " ")
+        raise ConfigError(f"config file {path} is not valid YAML ({detail}); fix the syntax") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of options (key: value), "
+                          f"got {type(data).__name__}")
+    return coerce(data, f"config file {path}")

@@ -1,0 +1,60 @@
+"""Test-set evaluation: loss, accuracy and confusion matrix, sharded over processes and summed."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitlab.data import DataSplit
+from vitlab.train.batches import BatchPipeline
+from vitlab.train.distributed import DistContext
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` when ``dtype`` is set, else nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, split: DataSplit, pipeline: BatchPipeline, *, batch_size: int,
+             device: torch.device, amp_dtype: torch.dtype | None = None,
+             ctx: DistContext | None = None) -> dict:
+    """Mean cross-entropy (no label smoothing), accuracy and the confusion matrix (true x predicted) of
+    ``model`` on ``split``; with several processes each takes every world_size-th image and the sums are
+    all-reduced, so every process returns the numbers of the whole split."""
+    ctx = ctx or DistContext(device=device)
+    was_training = model.training
+    model.eval()
+    k = len(split.classes)
+    images, labels = split.images, split.labels
+    mine = torch.arange(ctx.rank, len(split), ctx.world_size)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+    confusion = torch.zeros(k * k, dtype=torch.int64, device=device)
+    for start in range(0, len(mine), batch_size):
+        idx = mine[start:start + batch_size].to(images.device)
+        x = pipeline.eval_batch(images[idx].to(device, non_blocking=True))
+        y = labels[idx].to(device, non_blocking=True)
+        with autocast(device, amp_dtype):
+            logits = model(x)
+        logits = logits.float()
+        pred = logits.argmax(dim=1)
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        sums[1] += (pred == y).sum()
+        confusion += torch.bincount(y * k + pred, minlength=k * k)
+    ctx.all_reduce_sum(sums)
+    ctx.all_reduce_sum(confusion)
+    model.train(was_training)
+    n = len(split)
+    return {"loss": sums[0].item() / max(n, 1), "acc": sums[1].item() / max(n, 1), "count": n,
+            "confusion": confusion.view(k, k).cpu()}
+
+
+def top_k(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(probabilities, class indices) of the ``k`` most likely classes per row, best first."""
+    probs = logits.float().softmax(dim=-1)
+    return probs.topk(min(k, probs.shape[-1]), dim=-1)

@@ -1,0 +1,70 @@
+"""Run outputs besides checkpoints: the tqdm bar, one printed line and one ``metrics.jsonl`` row per epoch,
+TensorBoard scalars when ``tensorboard`` imports, and ``summary.json``. Only rank 0 creates a logger."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from vitlab.train.checkpoint import atomic_write_text
+
+METRICS, SUMMARY = "metrics.jsonl", "summary.json"
+
+
+def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The complete rows of ``metrics.jsonl`` (a torn last line is ignored)."""
+    path = Path(out_dir) / METRICS
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+class RunLogger:
+    """Writes metrics under ``out_dir``; ``completed_epochs`` rows already there are kept (resume)."""
+
+    def __init__(self, out_dir: Path, *, progress: bool = True, completed_epochs: int = 0) -> None:
+        self.out_dir = out_dir
+        self.progress = progress
+        self.metrics_path = out_dir / METRICS
+        rows = [r for r in read_metrics(out_dir) if r.get("epoch", 0) <= completed_epochs]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+        except ImportError:
+            pass
+
+    def bar(self, *, epoch: int, epochs: int, total: int, initial: int):
+        """A tqdm bar over the steps of one epoch, or None with ``--no-progress``."""
+        if not self.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, desc=f"epoch {epoch}/{epochs}", unit="step", leave=False,
+                    dynamic_ncols=True, file=sys.stderr)
+
+    def log_epoch(self, row: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for key in ("train_loss", "test_loss", "test_acc", "lr"):
+                self.tb.add_scalar(key, row[key], row["epoch"])
+            self.tb.flush()
+        print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  test_loss {row['test_loss']:.4f}  "
+              f"test_acc {100 * row['test_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write_text(self.out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

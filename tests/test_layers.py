@@ -1,0 +1,407 @@
+"""Behaviour of the building blocks in vitlab.layers, checked against the seed equations and hand formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.errors import ConfigError
+from vitlab.layers import (
+    Attention,
+    Block,
+    ClassAttention,
+    ConvStem,
+    DropPath,
+    LayerNorm,
+    LayerScale,
+    PatchEmbed,
+    ReAttention,
+    RMSNorm,
+    ScalarGate,
+    apply_rope,
+    build_pos_embed,
+    cait_init_value,
+    check_heads,
+    drop_path_rates,
+    layout_rope,
+    make_gate,
+    record_attention,
+    rope_2d_angles,
+    sincos_1d,
+    sincos_2d,
+)
+from vitlab.layers.rope import rope_table
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+# --- LayerScale: the seed-002 contract -------------------------------------------------------------
+
+
+def test_layerscale_gamma_shape_init_and_tag() -> None:
+    ls = LayerScale(48)
+    assert ls.gamma.shape == (48,)
+    assert torch.equal(ls.gamma.detach(), torch.full((48,), 1e-4))
+    assert ls.gamma._no_weight_decay is True
+    assert [n for n, _ in ls.named_parameters()] == ["gamma"]
+    custom = LayerScale(5, init_value=0.1)
+    assert torch.equal(custom.gamma.detach(), torch.full((5,), 0.1))
+    custom.gamma.data.fill_(3.0)
+    custom.reset_parameters()
+    assert torch.equal(custom.gamma.detach(), torch.full((5,), 0.1))
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 6), (2, 3, 4, 6), (2, 3, 2, 4, 6)],
+                         ids=["B,T,C", "B,H,W,C", "B,T,H,W,C"])
+def test_layerscale_broadcasts_over_leading_dims(shape: tuple[int, ...]) -> None:
+    ls = LayerScale(6)
+    with torch.no_grad():
+        ls.gamma.copy_(torch.tensor([0.5, -1.0, 2.0, 0.0, 3.0, 1e-4]))
+    x = torch.randn(shape)
+    out = ls(x)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    for c in range(6):
+        assert torch.equal(out[..., c], x[..., c] * ls.gamma[c])
+
+
+def test_layerscale_gradient_is_sum_over_leading_dims() -> None:
+    ls = LayerScale(4, init_value=0.3)
+    x = torch.randn(2, 3, 5, 4)
+    ls(x).sum().backward()
+    torch.testing.assert_close(ls.gamma.grad, x.sum(dim=(0, 1, 2)))
+
+
+@pytest.mark.parametrize("tokens,dim", [(1, 1), (197, 768), (50, 3)])
+def test_layerscale_flop_count(tokens: int, dim: int) -> None:
+    assert LayerScale(dim).flop_count(tokens) == tokens * dim
+    assert LayerScale(dim).flop_count(tokens, matmul_only=True) == 0
+
+
+def test_layerscale_wrong_last_dim_is_one_clear_error() -> None:
+    ls = LayerScale(8)
+    with pytest.raises(ConfigError) as exc:
+        ls(torch.randn(2, 8, 4, 4))  # channels-first by mistake
+    msg = one_line(exc)
+    assert "8" in msg and "(2, 8, 4, 4)" in msg and "permute" in msg
+    with pytest.raises(ConfigError):
+        LayerScale(0)
+
+
+@pytest.mark.parametrize("depth,value", [(1, 0.1), (12, 0.1), (18, 0.1), (19, 1e-5), (24, 1e-5), (25, 1e-6),
+                                         (36, 1e-6), (48, 1e-6)])
+def test_cait_init_value_depth_rule(depth: int, value: float) -> None:
+    assert cait_init_value(depth) == value
+
+
+def test_cait_init_value_rejects_bad_depth() -> None:
+    with pytest.raises(ConfigError):
+        cait_init_value(0)
+
+
+# --- scalar gates and zero-gate blocks -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["rezero", "skipinit"])
+def test_rezero_and_skipinit_start_at_zero(kind: str) -> None:
+    gate = make_gate(kind, 16, 0.5)  # the init value is for LayerScale / scalar gates only
+    assert isinstance(gate, ScalarGate)
+    assert gate.alpha.ndim == 0 and gate.alpha.item() == 0.0
+
+
+def test_scalar_gate_starts_at_eps_and_layerscale_at_its_init() -> None:
+    assert make_gate("scalar", 16, 1e-3).alpha.item() == pytest.approx(1e-3)
+    assert make_gate("scalar", 16, None).alpha.item() == pytest.approx(1e-4)
+    ls = make_gate("layerscale", 16, 1e-5)
+    assert isinstance(ls, LayerScale) and ls.gamma.shape == (16,) and ls.gamma[0].item() == pytest.approx(1e-5)
+    assert isinstance(make_gate("none", 16), nn.Identity)
+    with pytest.raises(ConfigError) as exc:
+        make_gate("rezeroo", 16)
+    assert "rezero" in one_line(exc)
+
+
+@pytest.mark.parametrize("gate,init", [("rezero", None), ("skipinit", None), ("layerscale", 0.0)])
+def test_block_with_zero_gate_is_identity_at_init(gate: str, init: float | None) -> None:
+    block = Block(32, 4, gate=gate, init_values=init)
+    x = torch.randn(2, 9, 32)
+    assert torch.equal(block(x), x)
+    assert isinstance(block.norm1, nn.Identity) == (gate == "rezero")  # ReZero drops the pre-norms
+
+
+def test_block_with_small_gate_is_close_to_identity_but_not_equal() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(2, 9, 32)
+    small = Block(32, 4, gate="scalar", init_values=1e-4)(x) - x
+    plain = Block(32, 4, gate="none")(x) - x
+    assert 0 < small.abs().max() < 1e-3 * plain.abs().max()
+
+
+# --- position embeddings ---------------------------------------------------------------------------
+
+
+def test_sincos_1d_matches_the_seed_formula() -> None:
+    positions, d = 17, 64
+    table = sincos_1d(positions, d)
+    assert table.shape == (positions, d)
+    for i in range(positions):  # i: position in the sequence
+        for j in range(d):  # j: channel
+            expected = math.sin(i / 10000 ** (j / d)) if j % 2 == 0 else math.cos(i / 10000 ** ((j - 1) / d))
+            assert table[i, j].item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_sincos_1d_prefix_slot_is_position_zero() -> None:
+    table = build_pos_embed("sincos1d", grid_size=4, dim=8, num_prefix=1)
+    assert table.shape == (1, 17, 8)
+    assert torch.equal(table[0, 0], torch.tensor([0.0, 1.0] * 4))  # sin(0), cos(0)
+    torch.testing.assert_close(table[0], sincos_1d(17, 8))
+
+
+def test_sincos_2d_encodes_column_then_row() -> None:
+    grid, d = 3, 8
+    table = sincos_2d(grid, d)
+    omega = [1.0 / 10000 ** (k / 2) for k in range(2)]
+    for n in range(grid * grid):
+        row, col = divmod(n, grid)
+        expected = [math.sin(col * w) for w in omega] + [math.cos(col * w) for w in omega]
+        expected += [math.sin(row * w) for w in omega] + [math.cos(row * w) for w in omega]
+        torch.testing.assert_close(table[n], torch.tensor(expected))
+    with pytest.raises(ConfigError):
+        sincos_2d(2, 6)
+
+
+# --- normalisation ---------------------------------------------------------------------------------
+
+
+def test_rmsnorm_matches_hand_formula() -> None:
+    norm = RMSNorm(10)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 10))
+    x = torch.randn(3, 5, 10) * 4
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    torch.testing.assert_close(norm(x), expected)
+    assert norm.eps == 1e-6
+
+
+def test_layernorm_uses_timm_eps() -> None:
+    x = torch.randn(2, 3, 10)
+    torch.testing.assert_close(LayerNorm(10)(x), F.layer_norm(x, (10,), eps=1e-6))
+
+
+# --- stochastic depth ------------------------------------------------------------------------------
+
+
+def test_drop_path_schedules() -> None:
+    assert drop_path_rates(0.1, 4, "uniform") == [0.1] * 4
+    assert drop_path_rates(0.2, 5, "linear") == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+    assert drop_path_rates(0.3, 1, "linear") == [0.3]
+    assert drop_path_rates(0.0, 3, "linear") == [0.0] * 3
+    with pytest.raises(ConfigError):
+        drop_path_rates(0.1, 4, "cosine")
+    with pytest.raises(ConfigError):
+        drop_path_rates(1.0, 4)
+
+
+def test_drop_path_drops_whole_samples_and_rescales() -> None:
+    dp = DropPath(0.5)
+    x = torch.ones(64, 3, 4)
+    dp.eval()
+    assert torch.equal(dp(x), x)
+    dp.train()
+    y = dp(x)
+    per_sample = y.flatten(1)
+    kept = per_sample[:, 0] > 0
+    assert torch.equal(per_sample[kept], torch.full_like(per_sample[kept], 2.0))  # 1 / (1 - p)
+    assert torch.equal(per_sample[~kept], torch.zeros_like(per_sample[~kept]))
+    assert 0 < kept.sum() < 64
+
+
+# --- attention -------------------------------------------------------------------------------------
+
+
+def _rope(num_prefix: int, grid: int, num_end: int, head_dim: int) -> torch.Tensor:
+    return layout_rope(num_prefix, grid, num_end, head_dim, 10000.0, 100.0)
+
+
+@pytest.mark.parametrize("qk_norm,use_rope", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["plain", "qk_norm", "rope", "qk_norm+rope"])
+def test_attention_explicit_path_equals_fused(qk_norm: bool, use_rope: bool) -> None:
+    attn = Attention(32, 4, qk_norm=qk_norm).eval()
+    rope = _rope(1, 3, 4, 8) if use_rope else None
+    x = torch.randn(2, 14, 32)
+    fused = attn(x, rope=rope)
+    with record_attention([attn]) as maps:
+        explicit = attn(x, rope=rope)
+    torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
+    assert len(maps) == 1 and maps[0].shape == (2, 4, 14, 14)
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 14))
+    assert attn._maps is None  # the recorder is removed on exit
+
+
+def test_attention_explicit_map_is_softmax_of_scaled_logits() -> None:
+    attn = Attention(16, 2)
+    x = torch.randn(1, 5, 16)
+    with record_attention([attn]) as maps:
+        attn(x)
+    q, k, _ = attn.qkv(x).reshape(1, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    torch.testing.assert_close(maps[0], (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1))
+
+
+def test_talking_heads_with_identity_mixing_equals_plain_attention() -> None:
+    talking = Attention(24, 3, talking_heads=True)
+    plain = Attention(24, 3)
+    plain.load_state_dict({k: v for k, v in talking.state_dict().items() if not k.startswith(("proj_l", "proj_w"))})
+    with torch.no_grad():
+        for lin in (talking.proj_l, talking.proj_w):
+            lin.weight.copy_(torch.eye(3))
+            lin.bias.zero_()
+    x = torch.randn(2, 6, 24)
+    torch.testing.assert_close(talking(x), plain(x), atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        talking.proj_w.weight.copy_(torch.randn(3, 3))
+    assert not torch.allclose(talking(x), plain(x), atol=1e-4)
+
+
+def _copy_qkv_proj(src: nn.Module, dst: nn.Module) -> None:
+    dst.qkv.load_state_dict(src.qkv.state_dict())
+    dst.proj.load_state_dict(src.proj.state_dict())
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_reattention_with_identity_mixing_and_no_norm_equals_plain_attention(norm: str) -> None:
+    reattn = ReAttention(32, 4, norm=norm)
+    plain = Attention(32, 4)
+    _copy_qkv_proj(reattn, plain)
+    with torch.no_grad():
+        reattn.reattn_weights.copy_(torch.eye(4))
+    reattn.reattn_norm = nn.Identity()  # norm disabled
+    x = torch.randn(2, 10, 32)
+    torch.testing.assert_close(reattn(x), plain(x), atol=1e-5, rtol=1e-5)
+
+
+def test_reattention_map_mixes_heads_with_theta() -> None:
+    reattn = ReAttention(32, 4, norm="layer")
+    reattn.reattn_norm = nn.Identity()
+    plain = Attention(32, 4)
+    _copy_qkv_proj(reattn, plain)
+    x = torch.randn(2, 7, 32)
+    with record_attention([plain, reattn]) as maps:
+        plain(x)
+        reattn(x)
+    softmaxed, mixed = maps
+    theta = reattn.reattn_weights.detach()
+    expected = torch.einsum("bhij,hg->bgij", softmaxed, theta)  # Theta^T applied over the heads
+    torch.testing.assert_close(mixed, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_reattention_map_shape_and_norm(norm: str) -> None:
+    reattn = ReAttention(48, 6, norm=norm).train()
+    x = torch.randn(3, 9, 48)
+    with record_attention([reattn]) as maps:
+        out = reattn(x)
+    assert out.shape == x.shape and maps[0].shape == (3, 6, 9, 9)
+    m = maps[0].detach()
+    if norm == "batch":  # per head over (batch, query, key): zero mean, unit variance in training
+        torch.testing.assert_close(m.mean(dim=(0, 2, 3)), torch.zeros(6), atol=1e-5, rtol=0)
+    else:  # per position over the heads
+        torch.testing.assert_close(m.mean(dim=1), torch.zeros(3, 9, 9), atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError):
+        ReAttention(48, 6, norm="group")
+
+
+def test_reattention_init_is_near_identity() -> None:
+    reattn = ReAttention(32, 4)
+    delta = reattn.reattn_weights.detach() - torch.eye(4)
+    assert 0 < delta.abs().max() < 0.2
+
+
+def test_class_attention_explicit_equals_fused_and_hand_formula() -> None:
+    ca = ClassAttention(32, 4).eval()
+    x = torch.randn(2, 11, 32)
+    fused = ca(x)
+    with record_attention([ca]) as maps:
+        explicit = ca(x)
+    assert fused.shape == (2, 1, 32)
+    torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
+    assert maps[0].shape == (2, 4, 1, 11)
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 1))
+    q = ca.q(x[:, :1]).reshape(2, 1, 4, 8).transpose(1, 2)
+    k = ca.k(x).reshape(2, 11, 4, 8).transpose(1, 2)
+    v = ca.v(x).reshape(2, 11, 4, 8).transpose(1, 2)
+    hand = ((q @ k.transpose(-2, -1)) / math.sqrt(8)).softmax(-1) @ v  # (B, H, 1, d)
+    torch.testing.assert_close(fused, ca.proj(hand.transpose(1, 2).reshape(2, 1, 32)), atol=1e-5, rtol=1e-5)
+
+
+# --- rotary position embedding ---------------------------------------------------------------------
+
+
+def test_rope_is_a_rotation_that_depends_on_relative_position_only() -> None:
+    grid, d = 4, 8
+    rope = rope_table(rope_2d_angles(grid, grid, d))  # (2, 16, d)
+    q = torch.randn(d).expand(1, 1, grid * grid, d)
+    k = torch.randn(d).expand(1, 1, grid * grid, d)
+    rq, rk = apply_rope(q, rope), apply_rope(k, rope)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    logits = (rq @ rk.transpose(-2, -1))[0, 0]  # (16, 16)
+
+    def at(r: int, c: int) -> int:
+        return r * grid + c
+
+    # same displacement (dy, dx) = (1, 2) at two places gives the same logit
+    torch.testing.assert_close(logits[at(0, 0), at(1, 2)], logits[at(2, 1), at(3, 3)])
+    assert not torch.allclose(logits[at(0, 0), at(1, 2)], logits[at(0, 0), at(2, 1)])
+
+
+def test_rope_layout_leaves_prefix_tokens_unrotated() -> None:
+    rope = _rope(1, 2, 4, 8)
+    assert rope.shape == (2, 1 + 4 + 4, 8)
+    x = torch.randn(1, 2, 9, 8)
+    out = apply_rope(x, rope)
+    torch.testing.assert_close(out[:, :, 0], x[:, :, 0])
+    assert not torch.allclose(out[:, :, 2], x[:, :, 2])
+    with pytest.raises(ConfigError):
+        rope_2d_angles(2, 2, 6)
+
+
+# --- clear errors ----------------------------------------------------------------------------------
+
+
+def test_heads_not_dividing_dim() -> None:
+    with pytest.raises(ConfigError) as exc:
+        check_heads(64, 5)
+    msg = one_line(exc)
+    assert "num_heads 5" in msg and "embed_dim 64" in msg and "[1, 2, 4, 8, 16, 32]" in msg
+    with pytest.raises(ConfigError):
+        Attention(64, 5)
+    with pytest.raises(ConfigError):
+        ClassAttention(30, 4)
+    assert check_heads(64, 8) == 8
+
+
+def test_patch_embed_errors_name_the_fix() -> None:
+    with pytest.raises(ConfigError) as exc:
+        PatchEmbed(30, 8, 3, 16)
+    msg = one_line(exc)
+    assert "24" in msg and "32" in msg
+    pe = PatchEmbed(32, 8, 3, 16)
+    assert pe(torch.randn(2, 3, 32, 32)).shape == (2, 16, 16)
+    for bad in (torch.randn(2, 1, 32, 32), torch.randn(2, 3, 28, 28), torch.randn(3, 32, 32)):
+        with pytest.raises(ConfigError) as exc:
+            pe(bad)
+        assert "(B, 3, 32, 32)" in one_line(exc)
+    with pytest.raises(ConfigError) as exc:
+        ConvStem(28, 7, 3, 16)
+    assert "even" in one_line(exc)
+
+
+def test_conv_stem_output_tokens() -> None:
+    stem = ConvStem(32, 8, 3, 24).eval()
+    assert stem(torch.randn(2, 3, 32, 32)).shape == (2, 16, 24)
+    assert stem.num_patches == 16
