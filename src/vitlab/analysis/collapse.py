@@ -55,14 +55,10 @@ def cross_layer_similarity(maps: list[Tensor], *, along: str = "column") -> Tens
     if along not in AXES:
         raise ConfigError(f"unknown similarity axis {along!r}; choose one of {', '.join(AXES)}")
     _check_maps(maps)
-    units = torch.stack([_unit(m.detach().float(), along) for m in maps])  # (L, B, H, T_q, T_k)
-    L = units.shape[0]
-    dim = -2 if along == "column" else -1
-    sim = torch.empty(L, L)
-    for p in range(L):
-        cos = (units[p : p + 1] * units).sum(dim=dim)  # (L, B, H, T_k) columns or (L, B, H, T_q) rows
-        sim[p] = cos.flatten(1).mean(dim=1).cpu()
-    return sim
+    units = torch.stack([_unit(m.detach().float(), along) for m in maps]).flatten(1)  # (L, B*H*T_q*T_k)
+    count = maps[0].shape[0] * maps[0].shape[1] * maps[0].shape[-1 if along == "column" else -2]  # vectors per map
+    # the mean of per-vector cosines is the dot product of the flattened unit vectors over their count
+    return (units @ units.T).cpu() / count
 
 
 def similar_blocks(sim: Tensor, threshold: float = 0.9) -> Tensor:

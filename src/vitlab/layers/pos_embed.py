@@ -59,7 +59,10 @@ def build_pos_embed(kind: str, *, grid_size: int, dim: int, num_prefix: int) -> 
 
 def resample_abs_pos_embed(pos_embed: Tensor, new_grid: int, num_prefix: int = 0,
                            mode: str = "bicubic") -> Tensor:
-    """Resample ``(1, num_prefix + g*g, D)`` to ``new_grid``, leaving prefix slots untouched."""
+    """Resample ``(1, num_prefix + g*g, D)`` to ``new_grid``, leaving prefix slots untouched.
+
+    Bilinear and bicubic use torch's antialiased kernels both ways, as timm's ``resample_abs_pos_embed``
+    does, so a checkpoint resampled here equals the one timm loads at that size."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     old = int(math.isqrt(grid.shape[1]))
     if old * old != grid.shape[1]:
@@ -69,6 +72,6 @@ def resample_abs_pos_embed(pos_embed: Tensor, new_grid: int, num_prefix: int = 0
     dim = grid.shape[-1]
     grid = grid.reshape(1, old, old, dim).permute(0, 3, 1, 2).float()  # (1, D, g, g)
     grid = torch.nn.functional.interpolate(grid, size=(new_grid, new_grid), mode=mode, align_corners=False,
-                                           antialias=mode in ("bilinear", "bicubic") and new_grid < old)
+                                           antialias=mode in ("bilinear", "bicubic"))
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, dim).to(pos_embed.dtype)
     return torch.cat([prefix, grid], dim=1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +98,7 @@ class ModelConfig:
         _choice("reg_position", self.reg_position, REG_POSITIONS)
         _choice("reattn_norm", self.reattn_norm, REATTN_NORMS)
         _choice("drop_path_rule", self.drop_path_rule, DROP_PATH_RULES)
+        _check_types(self)
         for key in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -105,6 +108,13 @@ class ModelConfig:
                               f"got {self.num_classes!r}")
         if self.mlp_ratio <= 0 or self.mlp_ratio_token_only <= 0:
             raise ConfigError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+        for key in ("mlp_ratio", "mlp_ratio_token_only"):
+            if int(self.embed_dim * getattr(self, key)) < 1:
+                raise ConfigError(f"{key} {getattr(self, key)} gives an MLP with no hidden units at embed_dim "
+                                  f"{self.embed_dim}; use {key} >= {1 / self.embed_dim:.3g}")
+        if self.rope_theta <= 0 or self.reg_rope_theta <= 0:
+            raise ConfigError(f"rope_theta and reg_rope_theta must be > 0, got {self.rope_theta} and "
+                              f"{self.reg_rope_theta}; e.g. rope_theta=10000")
         if self.reg_tokens < 0 or self.depth_token_only < 0:
             raise ConfigError("reg_tokens and depth_token_only must be >= 0")
         for key in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
@@ -134,6 +144,9 @@ class ModelConfig:
                 raise ConfigError("CaiT presets take no registers and the patch stem; use a vit preset for those")
             if self.pos_embed_cls:
                 raise ConfigError("CaiT adds its position embedding to the patches only; set pos_embed_cls=False")
+            if self.depth_token_only < 1 and self.global_pool == "token":
+                raise ConfigError("CaiT with depth_token_only=0 never lets the class token see the patches; use "
+                                  "depth_token_only >= 1 or global_pool='avg'")
         if self.stem == "conv" and self.patch_size % 2:
             raise ConfigError(f"stem='conv' needs an even patch_size, got {self.patch_size}")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
@@ -148,3 +161,24 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"unknown {key} {value!r}{hint}; choose one of {', '.join(choices)}")
+
+
+_INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
+         "depth_token_only", "reattn_last")
+_BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm")
+_FLOATS = ("mlp_ratio", "rope_theta", "reg_rope_theta", "init_values", "drop_rate", "attn_drop_rate",
+           "drop_path_rate", "mlp_ratio_token_only")
+_OPTIONAL = ("reattn_last", "fc_norm", "init_values")
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """Each numeric / flag field has its type (ints for sizes, finite numbers for ratios, booleans for flags)."""
+    for keys, ok, kind in ((_INTS, lambda v: isinstance(v, numbers.Integral), "an integer"),
+                           (_BOOLS, lambda v: isinstance(v, bool), "true or false"),
+                           (_FLOATS, lambda v: isinstance(v, numbers.Real) and math.isfinite(v), "a finite number")):
+        for key in keys:
+            v = getattr(cfg, key)
+            if v is None and key in _OPTIONAL:
+                continue
+            if isinstance(v, bool) is not (keys is _BOOLS) or not ok(v):
+                raise ConfigError(f"{key} must be {kind}, got {v!r}; fix the {key} option")

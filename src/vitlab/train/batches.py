@@ -30,7 +30,7 @@ def epoch_order(num: int, seed: int, epoch: int) -> Tensor:
 
 
 class BatchPipeline:
-    """Normalisation, augmentation and mixup of training batches; normalisation alone for evaluation."""
+    """Normalisation, augmentation and mixup of training batches."""
 
     def __init__(self, cfg: RunConfig, mean: tuple[float, ...], std: tuple[float, ...], num_classes: int,
                  in_chans: int) -> None:
@@ -54,9 +54,6 @@ class BatchPipeline:
     def soft_targets(self) -> bool:
         """True when training targets are class distributions (mixup/cutmix), not indices."""
         return self.mixup is not None
-
-    def eval_batch(self, images: Tensor) -> Tensor:
-        return normalize(images, self.mean, self.std)
 
     def train_batch(self, images: Tensor, labels: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
         """uint8 (B, C, H, W) + (B,) labels -> float (B, C, H, W) + targets, random parameters from ``gen``."""

@@ -32,6 +32,8 @@ from vitlab.models import build_model, get_config
 from vitlab.train.models import TIMM_PREFIX, create_timm, is_timm, model_from_spec, spec_label, spec_of, unwrap
 
 FORMAT = "vitlab-checkpoint/1"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 WEIGHTS, CONFIG, STATE = "model.safetensors", "config.json", "state.pt"
 
 
@@ -42,6 +44,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -157,13 +157,13 @@ def _type_of(name: str) -> Any:
 
 
 def _coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
-    args = typing.get_args(tp)
-    optional = type(None) in args
+    is_union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+    args = typing.get_args(tp) if is_union else ()
     if value is None:
-        if optional:
+        if type(None) in args:
             return None
         raise ConfigError(f"{source}: {key} cannot be empty; give a value or remove the key")
-    base = next((a for a in args if a is not type(None)), tp) if isinstance(tp, types.UnionType) or args else tp
+    base = next(a for a in args if a is not type(None)) if is_union else tp
     origin = typing.get_origin(base) or base
     bad = ConfigError(f"{source}: {key} must be {getattr(origin, '__name__', origin)}, got {value!r}")
     if origin is bool:

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.data import DataSplit
-from vitlab.train.batches import BatchPipeline
+from vitlab.data import DataSplit, normalize
 from vitlab.train.distributed import DistContext
 
 
@@ -21,8 +20,8 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: DataSplit, pipeline: BatchPipeline, *, batch_size: int,
-             device: torch.device, amp_dtype: torch.dtype | None = None,
+def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std: tuple[float, ...],
+             batch_size: int, device: torch.device, amp_dtype: torch.dtype | None = None,
              ctx: DistContext | None = None) -> dict:
     """Mean cross-entropy (no label smoothing), accuracy and the confusion matrix (true x predicted) of
     ``model`` on ``split``; with several processes each takes every world_size-th image and the sums are
@@ -37,7 +36,7 @@ def evaluate(model: nn.Module, split: DataSplit, pipeline: BatchPipeline, *, bat
     confusion = torch.zeros(k * k, dtype=torch.int64, device=device)
     for start in range(0, len(mine), batch_size):
         idx = mine[start:start + batch_size].to(images.device)
-        x = pipeline.eval_batch(images[idx].to(device, non_blocking=True))
+        x = normalize(images[idx].to(device, non_blocking=True), mean, std)
         y = labels[idx].to(device, non_blocking=True)
         with autocast(device, amp_dtype):
             logits = model(x)

@@ -112,6 +112,14 @@ def model_from_spec(spec: dict[str, Any], **overrides: Any) -> nn.Module:
     return model
 
 
+def input_shape(spec: dict[str, Any]) -> tuple[int, int]:
+    """(img_size, in_chans) a model description expects."""
+    stored = spec.get("kwargs", {}) if "timm" in spec else spec
+    img_size = stored.get("img_size", 224)
+    img_size = img_size[0] if isinstance(img_size, list | tuple) else img_size
+    return int(img_size), int(stored.get("in_chans", 3))
+
+
 def spec_label(spec: dict[str, Any]) -> str:
     """A short human name of a model description, e.g. ``vit (vit_mnist)`` or ``timm:vit_tiny_patch16_224``."""
     if "timm" in spec:

@@ -1,0 +1,72 @@
+"""``vitlab eval``: loss, accuracy and confusion matrix of a checkpoint on a data set's test split."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("eval", help="evaluate a checkpoint on a test set",
+                              description="Print test loss and accuracy of a checkpoint (by default on the data "
+                              "it was trained on, with the same --limit-test subset) and write "
+                              "confusion_matrix.png into the checkpoint folder or --output.")
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a `vitlab train --output` folder")
+    p.add_argument("--dataset", help="data set (default: the one the checkpoint was trained on)")
+    p.add_argument("--data-dir", help="local data folder (default: the training run's)")
+    p.add_argument("--limit-test", type=int, metavar="N", help="a fixed subset of N test images "
+                   "(default: the training run's)")
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--output", metavar="DIR", help="folder for confusion_matrix.png (default: the checkpoint)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--model", help="the architecture you expect (preset or timm:NAME); a checkpoint of "
+                   "another one is refused")
+    p.add_argument("--no-download", dest="download", action="store_false")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vitlab.data import load_dataset
+    from vitlab.errors import ConfigError, DataError
+    from vitlab.train.batches import subset
+    from vitlab.train.checkpoint import load_model, read_config
+    from vitlab.train.distributed import pick_device
+    from vitlab.train.evaluate import evaluate
+    from vitlab.train.models import input_shape
+    from vitlab.train.plots import save_confusion_matrix
+    from vitlab.train.predict import checkpoint_normalization
+
+    if args.batch_size <= 0:
+        raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
+    config = read_config(args.checkpoint)
+    run_cfg = config.get("run") or {}
+    model = load_model(args.checkpoint, model=args.model)
+    img_size, in_chans = input_shape(config["model"])
+    dataset = args.dataset or run_cfg.get("dataset")
+    if dataset is None:
+        raise ConfigError(f"{args.checkpoint} does not say which data it was trained on; pass --dataset")
+    same_data = dataset == run_cfg.get("dataset")
+    data_dir = args.data_dir or (run_cfg.get("data_dir") if same_data else None)
+    limit = args.limit_test or (run_cfg.get("limit_test") if same_data else None)
+    _, test = load_dataset(dataset, data_dir=data_dir, img_size=img_size, in_chans=in_chans,
+                           download=args.download)
+    test = subset(test, limit)
+    num_classes = getattr(model, "num_classes", None)
+    if num_classes and num_classes != len(test.classes):
+        raise DataError(f"the checkpoint predicts {num_classes} classes but {dataset} has {len(test.classes)}; "
+                        "evaluate on a data set with the classes it was trained on")
+    device = pick_device(args.device)
+    mean, std = checkpoint_normalization(config, dataset, in_chans)
+    model = model.to(device)
+    test.images, test.labels = test.images.to(device), test.labels.to(device)
+    m = evaluate(model, test, mean=mean, std=std, batch_size=args.batch_size, device=device)
+    out_dir = Path(args.output) if args.output else Path(args.checkpoint)
+    if out_dir.is_file():
+        out_dir = out_dir.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = save_confusion_matrix(out_dir / "confusion_matrix.png", m["confusion"], test.classes,
+                                title=f"{dataset} test, accuracy {100 * m['acc']:.2f}%")
+    print(f"test_loss {m['loss']:.4f}  test_acc {100 * m['acc']:.2f}%  ({m['count']} images, {dataset} test)")
+    print(f"confusion matrix: {png}")
+    return 0

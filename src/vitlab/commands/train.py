@@ -1,0 +1,153 @@
+"""``vitlab train``: train a preset (with overrides) or a timm model on a data set; see docs/training.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+# CLI flag -> ModelConfig field (timm: keyword argument)
+MODEL_FLAGS = ("img_size", "patch_size", "in_chans", "depth", "embed_dim", "num_heads", "mlp_ratio", "gate", "attn")
+# run options a resumed run may change without breaking the continuation
+RESUMABLE = {"epochs", "output", "progress", "checkpoint_every", "device", "threads", "eval_batch_size",
+             "skip_nonfinite", "data_dir", "download", "compile", "model", "model_overrides"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train a model on a data set",
+                              description="Train a vitlab preset or a timm model. Recipe options left unset take "
+                              "the defaults of the data set size (docs/training.md); a --config YAML file sets "
+                              "any option and flags override it.")
+    S = argparse.SUPPRESS
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=S, help="preset name (vitlab models) or timm:NAME (default vit_mnist)")
+    g.add_argument("--img-size", type=int, default=S)
+    g.add_argument("--patch-size", type=int, default=S)
+    g.add_argument("--in-chans", type=int, default=S)
+    g.add_argument("--depth", type=int, default=S)
+    g.add_argument("--embed-dim", type=int, default=S)
+    g.add_argument("--num-heads", type=int, default=S)
+    g.add_argument("--mlp-ratio", type=float, default=S)
+    g.add_argument("--gate", default=S, help="none | layerscale | rezero | skipinit | scalar")
+    g.add_argument("--attn", default=S, help="mhsa | talking_heads | reattention")
+    g.add_argument("--drop-path", type=float, default=S, help="stochastic depth rate (the model's drop_path_rate)")
+    g.add_argument("--drop-path-rule", choices=("uniform", "linear"), default=S)
+    g.add_argument("--set", action="append", default=S, metavar="KEY=VALUE",
+                   help="any ModelConfig field (timm: model keyword), e.g. --set global_pool=avg; repeatable")
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default=S, help="mnist | fashion-mnist | cifar10 | cifar100 | mnist-5k (default) "
+                   "| imagefolder")
+    g.add_argument("--data-dir", default=S, help="local data folder (offline MNIST .gz files, cifar, imagefolder)")
+    g.add_argument("--no-download", dest="download", action="store_false", default=S)
+    g.add_argument("--limit-train", type=int, default=S, metavar="N", help="train on a fixed subset of N images")
+    g.add_argument("--limit-test", type=int, default=S, metavar="N", help="test on a fixed subset of N images")
+    g = p.add_argument_group("recipe (unset: the data set's defaults)")
+    g.add_argument("--epochs", type=int, default=S)
+    g.add_argument("--batch-size", type=int, default=S, help="global batch size (over all processes)")
+    g.add_argument("--lr", type=float, default=S, help="peak learning rate")
+    g.add_argument("--min-lr", type=float, default=S)
+    g.add_argument("--weight-decay", type=float, default=S)
+    g.add_argument("--warmup-epochs", type=float, default=S)
+    g.add_argument("--label-smoothing", type=float, default=S)
+    g.add_argument("--clip-grad", type=float, default=S, help="max gradient norm (0: off)")
+    g.add_argument("--ema-decay", type=float, default=S, help="EMA of the weights (0: off), e.g. 0.999")
+    g = p.add_argument_group("augmentation (unset: the data set's defaults)")
+    g.add_argument("--degrees", type=float, default=S)
+    g.add_argument("--scale", type=float, nargs=2, default=S, metavar=("LOW", "HIGH"))
+    g.add_argument("--shear", type=float, default=S)
+    g.add_argument("--translate", type=float, default=S)
+    g.add_argument("--erase-prob", type=float, default=S)
+    g.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=S)
+    g.add_argument("--pad-crop", type=int, default=S)
+    g.add_argument("--trivial-augment", action=argparse.BooleanOptionalAction, default=S,
+                   help="torchvision TrivialAugmentWide per image (RGB data)")
+    g.add_argument("--mixup", type=float, default=S, help="mixup alpha (0: off)")
+    g.add_argument("--cutmix", type=float, default=S, help="cutmix alpha (0: off)")
+    g.add_argument("--no-augment", action="store_true", default=S, help="switch every augmentation off")
+    g = p.add_argument_group("run")
+    g.add_argument("--config", default=S, help="YAML file of run options; flags override it")
+    g.add_argument("--output", default=S, help="output folder (default runs/MODEL_DATASET_TIME)")
+    g.add_argument("--resume", default=S, metavar="DIR", help="continue the run saved in DIR exactly")
+    g.add_argument("--seed", type=int, default=S)
+    g.add_argument("--device", default=S, help="auto (default) | cpu | cuda | cuda:N")
+    g.add_argument("--amp", choices=("auto", "bf16", "off"), default=S, help="auto: bf16 autocast on CUDA")
+    g.add_argument("--compile", action="store_true", default=S, help="torch.compile the model")
+    g.add_argument("--threads", type=int, default=S, help="torch CPU threads")
+    g.add_argument("--eval-batch-size", type=int, default=S)
+    g.add_argument("--checkpoint-every", type=int, default=S, metavar="N", help="also save every N steps")
+    g.add_argument("--skip-nonfinite", action="store_true", default=S, help="skip steps with a NaN/inf loss")
+    g.add_argument("--no-progress", dest="progress", action="store_false", default=S)
+    p.set_defaults(func=run)
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` -> dict, values parsed as YAML scalars (numbers, true/false, null, strings)."""
+    import yaml
+
+    from vitlab.errors import ConfigError
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set global_pool=avg")
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            out[key.strip().replace("-", "_")] = value
+    return out
+
+
+def cli_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The run options given on the command line (and in --config), CLI winning, as RunConfig fields."""
+    from vitlab.train.config import load_yaml
+
+    given = dict(vars(args))
+    for key in ("func", "command", "config", "resume"):
+        given.pop(key, None)
+    options = load_yaml(args.config) if getattr(args, "config", None) else {}
+    overrides = dict(options.get("model_overrides") or {})
+    overrides.update(parse_set(given.pop("set", [])))
+    for key in MODEL_FLAGS:
+        if key in given:
+            overrides[key] = given.pop(key)
+    if given.pop("no_augment", False):
+        options.update(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=False,
+                       pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0)
+    if "scale" in given:
+        given["scale"] = tuple(given["scale"])
+    options.update(given)
+    if overrides:
+        options["model_overrides"] = overrides
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.errors import ConfigError
+    from vitlab.train.config import RunConfig
+    from vitlab.train.engine import resume_config, train
+
+    options = cli_options(args)
+    resume = getattr(args, "resume", None)
+    if resume is not None:
+        cfg = resume_config(resume, {})
+        stored = cfg.to_dict()
+        changed = sorted(k for k, v in RunConfig.from_dict(options).to_dict().items()
+                         if k in options and v != stored[k] and k not in RESUMABLE)
+        if changed:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in changed)
+            raise ConfigError(f"cannot change {flags} when resuming (the run would not continue exactly); drop "
+                              f"{'it' if len(changed) == 1 else 'them'}, or start a new run with another --output")
+        if "model_overrides" in options:
+            options["model_overrides"] = {**stored["model_overrides"], **options["model_overrides"]}
+        cfg = cfg.replace(**options)
+    else:
+        cfg = RunConfig.from_dict(options, "command line")
+    result = train(cfg, resume=resume)
+    if result.exit_code or os.environ.get("RANK", "0") != "0":
+        return result.exit_code
+    s = result.summary
+    print(f"final test_acc {100 * s['final_test_acc']:.2f}% (best {100 * s['best_test_acc']:.2f}% at epoch "
+          f"{s['best_epoch']}), test_loss {s['final_test_loss']:.4f}, {s['train_images_per_second']:.0f} train "
+          f"images/s, {s['wall_time_s']:.1f} s; outputs in {result.out_dir}")
+    return 0

@@ -1,0 +1,441 @@
+"""What every study shares: run one training in-process (or read it back when it already finished), parse
+lists of values, aggregate over seeds, fit power laws, cost a model, print progress and spell the command.
+
+Each training run of a study writes into its own sub-folder; a folder whose ``summary.json`` exists is read,
+not re-run, so a study interrupted half-way resumes where it stopped when invoked again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitlab.errors import ConfigError
+
+SUMMARY = "summary.json"
+Trainer = Callable[..., dict]  # (RunConfig, init=weights path or None) -> the run's summary dict
+
+
+def train_run(cfg: Any, init: str | None = None) -> dict:
+    """Train ``cfg`` in-process with :func:`vitlab.train.engine.train` and return its summary dict.
+
+    A folder that already holds a checkpoint (an interrupted run) is resumed exactly. ``init`` starts the
+    model from pretrained weights (see :func:`load_init`). A run stopped by Ctrl-C or SIGTERM raises
+    :class:`KeyboardInterrupt`, so the study stops too; its checkpoint lets the next invocation resume.
+    """
+    from vitlab.train.checkpoint import CONFIG
+    from vitlab.train.distributed import init_distributed
+    from vitlab.train.engine import Trainer, train
+
+    run_dir = Path(cfg.output)
+    if (run_dir / CONFIG).is_file():
+        result = train(cfg, resume=run_dir)
+    elif init is None:
+        result = train(cfg)
+    else:  # the engine has no pretrained-init option: build its Trainer, load the weights, then fit
+        ctx = init_distributed(cfg.device)
+        try:
+            trainer = Trainer(cfg, ctx)
+            load_init(trainer.model, init)
+            if trainer.ema is not None:
+                trainer.ema.module.load_state_dict(trainer.model.state_dict())
+            result = trainer.fit()
+        finally:
+            ctx.close()
+    if result.exit_code:
+        raise KeyboardInterrupt
+    return result.summary
+
+
+def load_init(model: Any, init: str) -> None:
+    """Load pretrained weights into ``model`` in place, adapted to its image size, patch size, channels and head
+    by :func:`vitlab.interop.load_pretrained`.
+
+    ``init``: a ``.safetensors`` / ``.pth`` file or vitlab checkpoint folder (timm or vitlab weights), or
+    ``hub`` for timm's own pretrained weights of a ``timm:NAME`` model (needs the network). A timm model is
+    converted to vitlab's equivalent for the adaptation and back to timm's keys.
+    """
+    from vitlab.interop import adapt_state_dict, load_pretrained, to_timm
+    from vitlab.interop.timm_convert import config_from_timm
+    from vitlab.models import VitlabModel, build_model
+
+    if isinstance(model, VitlabModel):
+        if init == "hub":
+            raise ConfigError(f"--pretrained hub downloads timm weights, but {model.cfg.name or 'this'} is a vitlab "
+                              "model; pass a weight file")
+        load_pretrained(model, init)
+        return
+    cfg = config_from_timm(model)
+    if init == "hub":
+        source = load_pretrained(f"timm:{model.vitlab_spec['timm']}")
+        with_weights = build_model(cfg)
+        with_weights.load_state_dict(adapt_state_dict(source.state_dict(), with_weights))
+    else:
+        with_weights = load_pretrained(cfg, init)
+    model.load_state_dict(to_timm(with_weights).state_dict())
+
+
+@dataclass
+class RunSpec:
+    """One training run of a study: its folder name, its run config and the columns that describe it."""
+
+    name: str
+    config: Any  # RunConfig; its ``output`` is set to the run's folder when it runs
+    info: dict[str, Any] = field(default_factory=dict)
+    init: str | None = None  # pretrained weights to start from (see load_init)
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """The ``summary.json`` of a finished run, or None when the run has not finished."""
+    path = run_dir / SUMMARY
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # torn or unreadable: the run is redone
+    return data if isinstance(data, dict) else None
+
+
+def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, bool]:
+    """``(summary, ran)``: the summary of ``out_dir / spec.name``, training it first unless it finished."""
+    run_dir = out_dir / spec.name
+    done = read_summary(run_dir)
+    if done is not None:
+        return done, False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = trainer(spec.config.replace(output=str(run_dir)), init=spec.init)
+    if not isinstance(summary, dict):
+        raise ConfigError(f"the trainer returned {type(summary).__name__} for {run_dir}, not a summary dict")
+    return summary, True
+
+
+class Progress:
+    """One line per run on stderr: ``[3/12] name: ...`` with the elapsed time and an estimate of what is left."""
+
+    def __init__(self, total: int, title: str, stream: Any = None) -> None:
+        self.total, self.title, self.stream = total, title, stream or sys.stderr
+        self.start = time.perf_counter()
+        self.trained = 0
+        self.train_seconds = 0.0
+        self.done = 0
+
+    def begin(self, name: str) -> float:
+        print(f"[{self.done + 1}/{self.total}] {self.title} {name}: training", file=self.stream, flush=True)
+        return time.perf_counter()
+
+    def end(self, name: str, started: float | None, note: str) -> None:
+        self.done += 1
+        if started is not None:
+            self.trained += 1
+            self.train_seconds += time.perf_counter() - started
+        left = self.total - self.done
+        eta = f", about {_duration(left * self.train_seconds / self.trained)} left" if self.trained and left else ""
+        how = "finished" if started is not None else "already finished, read back"
+        print(f"[{self.done}/{self.total}] {self.title} {name}: {how}; {note} "
+              f"(elapsed {_duration(time.perf_counter() - self.start)}{eta})", file=self.stream, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None = None, title: str = "run",
+            progress: bool = True) -> list[tuple[RunSpec, dict]]:
+    """Run (or read back) every spec in order; returns ``(spec, summary)`` pairs."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"two runs of this study share the folder name(s) {', '.join(dup)}; remove the repeated "
+                          "values")
+    trainer = trainer or train_run
+    meter = Progress(len(specs), title, stream=None if progress else _Null())
+    out = []
+    for spec in specs:
+        ran_at = meter.begin(spec.name) if read_summary(out_dir / spec.name) is None else None
+        summary, ran = run_or_load(spec, out_dir, trainer)
+        acc = summary_value(summary, "test_acc")
+        meter.end(spec.name, ran_at if ran else None, f"test accuracy {100 * acc:.2f}%" if acc == acc else "")
+        out.append((spec, summary))
+    return out
+
+
+class _Null:
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+
+SUMMARY_KEYS = {  # the column a study writes -> the keys of the trainer's summary.json, first found wins
+    "test_acc": ("final_test_acc", "test_acc"),
+    "best_test_acc": ("best_test_acc",),
+    "train_time_s": ("train_time_s",),
+    "wall_time_s": ("wall_time_s",),
+    "epochs": ("epochs",),
+    "params": ("params",),
+    "macs": ("macs",),
+}
+
+
+def summary_value(summary: dict, column: str) -> float:
+    """The number a trainer summary holds for ``column`` (see :data:`SUMMARY_KEYS`), NaN when absent."""
+    for key in SUMMARY_KEYS.get(column, (column,)):
+        v = summary.get(key)
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int | float):
+            return float(v)
+    return float("nan")
+
+
+# ---- values ----------------------------------------------------------------------------------------------
+
+def split_list(text: str, what: str) -> list[str]:
+    """``'a,b, c'`` -> ``['a', 'b', 'c']``; an empty list is an error naming ``what``."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ConfigError(f"{what} is empty; give comma-separated values, e.g. 32,64,128")
+    return items
+
+
+def parse_ints(text: str, what: str, *, minimum: int = 1) -> list[int]:
+    """Comma-separated integers ``>= minimum``, each once, in the given order."""
+    out: list[int] = []
+    for item in split_list(text, what):
+        try:
+            v = int(item)
+        except ValueError:
+            raise ConfigError(f"{what}: {item!r} is not an integer; give e.g. 6,12,24") from None
+        if v < minimum:
+            raise ConfigError(f"{what}: {v} must be >= {minimum}")
+        if v not in out:
+            out.append(v)
+    return out
+
+
+BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
+              "off": False}
+
+
+def parse_typed(text: str, tp: Any, what: str) -> Any:
+    """Parse ``text`` to ``tp`` (``int``, ``float``, ``bool``, ``str``, or an optional of one; ``none`` for None)."""
+    import types
+    import typing
+
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if isinstance(tp, types.UnionType) or args else tp
+    if optional and text.lower() in ("none", "null"):
+        return None
+    if base is bool:
+        if text.lower() not in BOOL_WORDS:
+            raise ConfigError(f"{what}: {text!r} is not a boolean; use true or false")
+        return BOOL_WORDS[text.lower()]
+    if base is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{what}: {text!r} is not an integer") from None
+    if base is float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise ConfigError(f"{what}: {text!r} is not a number") from None
+        if not math.isfinite(v):
+            raise ConfigError(f"{what}: {text!r} is not a finite number")
+        return v
+    if base is str:
+        return text
+    raise ConfigError(f"{what} has type {tp} and cannot be swept from the command line; pick another option")
+
+
+def format_value(v: Any) -> str:
+    """A value as it appears in folder names, CSV cells and legends (``1e-05``, ``0.1``, ``true``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "none"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def safe_name(text: str) -> str:
+    """``text`` with anything but letters, digits and ``._=-+`` replaced by ``_`` (a folder name)."""
+    return "".join(c if c.isalnum() or c in "._=-+" else "_" for c in text)
+
+
+def parse_set(items: Iterable[str] | None, what: str = "--set") -> dict[str, str]:
+    """``['depth=4', 'gate=layerscale']`` -> ``{'depth': '4', 'gate': 'layerscale'}`` (values still text)."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{what} {item!r} must be KEY=VALUE, e.g. {what} drop_path_rate=0.1")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def model_overrides(items: Iterable[str] | None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` model options parsed to the types of :class:`~vitlab.models.ModelConfig` fields."""
+    import typing
+
+    from vitlab.models import ModelConfig
+
+    hints = typing.get_type_hints(ModelConfig)
+    out = {}
+    for key, text in parse_set(items).items():
+        if key not in hints:
+            raise ConfigError(unknown_option(key, list(hints), "model option"))
+        out[key] = parse_typed(text, hints[key], f"--set {key}")
+    return out
+
+
+def unknown_option(key: str, names: Sequence[str], kind: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, names, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"unknown {kind} {key!r}{hint} (valid: {', '.join(names)})"
+
+
+# ---- numbers ---------------------------------------------------------------------------------------------
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value) of the finite ``values``; NaNs when none."""
+    xs = [float(v) for v in values if v == v]
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def aggregate(rows: Sequence[dict], keys: Sequence[str], values: Sequence[str]) -> list[dict]:
+    """Group ``rows`` by ``keys`` (first-seen order) and give ``n`` and ``<v>_mean`` / ``<v>_std`` per value column."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = []
+    for key, members in groups.items():
+        row = dict(zip(keys, key))
+        row["n"] = len(members)
+        for v in values:
+            row[f"{v}_mean"], row[f"{v}_std"] = mean_std([float(m[v]) for m in members])
+        out.append(row)
+    return out
+
+
+def fit_power_law(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit of ``log y = a + b log x``; returns ``(a, b)``, so ``y ~ exp(a) * x ** b``."""
+    pts = [(math.log(float(u)), math.log(float(v))) for u, v in zip(x, y) if u > 0 and v > 0]
+    if len({p[0] for p in pts}) < 2:
+        raise ConfigError("a power-law fit needs at least two distinct positive x values with positive y")
+    mx = statistics.fmean(p[0] for p in pts)
+    my = statistics.fmean(p[1] for p in pts)
+    b = sum((px - mx) * (py - my) for px, py in pts) / sum((px - mx) ** 2 for px, _ in pts)
+    return my - b * mx, b
+
+
+def model_cost(preset: str, overrides: dict[str, Any]) -> tuple[int, int]:
+    """``(parameters, MACs per image)`` of a vitlab preset with ``overrides``, built on the meta device."""
+    import torch
+
+    from vitlab.models import create_model
+
+    with torch.device("meta"):
+        model = create_model(preset, **overrides)
+    return sum(p.numel() for p in model.parameters()), model.flop_count()
+
+
+# ---- commands --------------------------------------------------------------------------------------------
+
+def command_line(args: argparse.Namespace) -> str:
+    """The exact command that ran: ``vitlab COMMAND`` and every option with the value used.
+
+    The sub-command registers its parser as ``args._parser`` (``p.set_defaults(_parser=p)``).
+    """
+    parser: argparse.ArgumentParser = args._parser
+    words = ["vitlab", args.command]
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "_parser", "func"):
+            continue
+        value = getattr(args, action.dest, None)
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            if value:
+                words.append(flag)
+        elif isinstance(action, argparse._StoreFalseAction):
+            if not value:
+                words.append(flag)
+        elif value is None:
+            continue
+        elif isinstance(value, list):
+            for v in value:
+                words += [flag, str(v)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs per run") -> None:
+    """The training options every study shares (anything left out takes the data set's recipe)."""
+    p.add_argument("--epochs", type=int, default=None, help=f"{epochs_help} (default: the data set's recipe)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the recipe's)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    p.add_argument("--limit-train", type=int, default=None, metavar="N", help="train on a fixed subset of N images")
+    p.add_argument("--limit-test", type=int, default=None, metavar="N", help="test on the first N test images")
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's)")
+    p.add_argument("--run-set", action="append", default=None, metavar="KEY=VALUE",
+                   help="any other run option of `vitlab train` for every run (repeatable), e.g. warmup_epochs=1")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no per-epoch progress bars (one line per run is still printed)")
+
+
+def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
+    """A :class:`~vitlab.train.config.RunConfig` from the shared options plus ``fields``."""
+    from vitlab.train.config import RunConfig, coerce
+
+    extra: dict[str, Any] = {}
+    for key, text in parse_set(args.run_set, "--run-set").items():
+        extra.update(coerce({key: yaml_value(text)}, f"--run-set {key}"))
+    opts = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
+            "limit_test": args.limit_test, "data_dir": args.data_dir, "device": args.device,
+            "threads": args.threads, "progress": args.progress}
+    cfg = RunConfig(**{**{k: v for k, v in opts.items() if v is not None}, **extra, **fields})
+    cfg.validate()
+    return cfg
+
+
+def yaml_value(text: str) -> Any:
+    """A command-line value read as a YAML scalar (numbers, true/false, null), else the text itself."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def check_output(path: str | Path) -> Path:
+    """The study's output folder (created); a file in its place is an error."""
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output {out} is a file; pass a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out

@@ -1,0 +1,261 @@
+"""Cost against the number of tokens (seed 003's question): measured forward and forward+backward time and
+memory at several image sizes, a fitted exponent ``b`` of ``time ~ tokens ** b``, and the analytic MACs split
+into the part linear in the tokens and the attention part quadratic in them.
+
+Memory: on CUDA, the peak of ``torch.cuda.max_memory_allocated`` during forward+backward above what was
+allocated before. On CPU there is no reliable allocator peak (``tracemalloc`` does not see torch's
+allocations and the process RSS only ever grows), so vitlab counts the **activation bytes saved for
+backward**: every tensor autograd keeps during the forward pass, through
+``torch.autograd.graph.saved_tensors_hooks``, each storage once, parameters excluded. This is the memory
+training needs beyond the weights; with the fused attention kernel it does not hold the ``T x T`` maps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.errors import ConfigError
+from vitlab.experiments.common import fit_power_law
+
+BACKENDS = ("fused", "math")
+COLUMNS = ("img_size", "tokens", "batch_size", "forward_s", "forward_backward_s", "memory_bytes", "memory_kind",
+           "macs", "linear_macs", "attention_macs", "attention_share")
+
+
+@dataclass
+class SizePoint:
+    """The measurements at one image size (times are medians per batch, MACs per image)."""
+
+    img_size: int
+    tokens: int
+    batch_size: int
+    forward_s: float
+    forward_backward_s: float
+    memory_bytes: int
+    memory_kind: str
+    macs: int
+    linear_macs: int
+    attention_macs: int
+
+    def row(self) -> dict[str, Any]:
+        return {"img_size": self.img_size, "tokens": self.tokens, "batch_size": self.batch_size,
+                "forward_s": self.forward_s, "forward_backward_s": self.forward_backward_s,
+                "memory_bytes": self.memory_bytes, "memory_kind": self.memory_kind, "macs": self.macs,
+                "linear_macs": self.linear_macs, "attention_macs": self.attention_macs,
+                "attention_share": self.attention_macs / self.macs if self.macs else 0.0}
+
+
+def num_tokens(model: nn.Module) -> int:
+    """Tokens the widest stage of ``model`` processes per image (patches plus class / register tokens)."""
+    return max(r.num_tokens for r in model.flop_rows())
+
+
+def split_macs(model: nn.Module) -> tuple[int, int]:
+    """``(token-linear MACs, attention T^2 MACs)`` per image; their sum is ``model.flop_count()``.
+
+    Each arithmetic module's count is a polynomial of degree <= 2 in its number of tokens ``t``; the
+    quadratic coefficient comes from the second difference ``(f(3) - 2 f(2) + f(1)) / 2`` and is multiplied
+    by ``t**2``. Everything else (linear in ``t``, or fixed like the head) is the token-linear part.
+    """
+    from vitlab.models.base import module_flops
+
+    quadratic = 0
+    for r in model.flop_rows():
+        f = [module_flops(r.module, t, False, **r.kwargs) for t in (1, 2, 3, 4)]
+        c2 = (f[2] - 2 * f[1] + f[0]) // 2
+        if f[3] - 3 * f[2] + 3 * f[1] - f[0] != 0:
+            raise ConfigError(f"the FLOP count of {r.name} is not quadratic in its tokens; cannot split it")
+        quadratic += c2 * r.num_tokens ** 2
+    return model.flop_count() - quadratic, quadratic
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn: Any, repeats: int, device: torch.device) -> float:
+    fn()  # warm-up: allocator, kernels, autotuning
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the tensors autograd saves for backward in one training forward of ``model(x)``: each
+    storage counted once, the model's parameters (saved by reference) left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in params and ptr != 0:
+            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    del out
+    return sum(seen.values())
+
+
+def cuda_peak_bytes(step: Any, device: torch.device) -> int:
+    """Peak allocated CUDA bytes during ``step()`` above what was allocated before it."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def attention_backend(name: str) -> Any:
+    """A context that runs ``scaled_dot_product_attention`` with torch's choice (``fused``) or the ``math``
+    kernel, which materialises the ``T x T`` attention maps (and saves them for backward)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return contextlib.nullcontext() if name == "fused" else sdpa_kernel(SDPBackend.MATH)
+
+
+def measure_size(model: nn.Module, *, batch_size: int, repeats: int, device: torch.device,
+                 backend: str = "fused") -> SizePoint:
+    """Time forward (eval, no grad) and forward+backward (train) of ``model`` on a random batch, and its memory."""
+    with attention_backend(backend):
+        return _measure(model, batch_size=batch_size, repeats=repeats, device=device)
+
+
+def _measure(model: nn.Module, *, batch_size: int, repeats: int, device: torch.device) -> SizePoint:
+    cfg = model.cfg
+    model = model.to(device)
+    x = torch.randn(batch_size, cfg.in_chans, cfg.img_size, cfg.img_size, device=device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+
+    model.eval()
+    fwd = _median_time(forward, repeats, device)
+    model.train()
+    fwd_bwd = _median_time(forward_backward, repeats, device)
+    if device.type == "cuda":
+        memory, kind = cuda_peak_bytes(forward_backward, device), "cuda_peak_allocated"
+    else:
+        memory, kind = saved_activation_bytes(model, x), "saved_activations"
+    model.zero_grad(set_to_none=True)
+    linear, attention = split_macs(model)
+    return SizePoint(cfg.img_size, num_tokens(model), batch_size, fwd, fwd_bwd, memory, kind, linear + attention,
+                     linear, attention)
+
+
+@dataclass
+class ComplexityResult:
+    points: list[SizePoint]
+    fits: list[dict[str, Any]]  # quantity, exponent b, intercept a
+
+
+FITTED = (("forward_s", "forward time"), ("forward_backward_s", "forward+backward time"),
+          ("memory_bytes", "memory"), ("macs", "analytic MACs"), ("attention_macs", "attention MACs"),
+          ("linear_macs", "token-linear MACs"))
+
+
+def fit_rows(points: list[SizePoint]) -> list[dict[str, Any]]:
+    """One row per measured quantity: the exponent ``b`` of ``quantity ~ tokens ** b`` over all sizes, and over
+    the two largest sizes (the local slope, closest to the asymptotic regime)."""
+    tokens = [p.tokens for p in points]
+    rows = []
+    for key, label in FITTED:
+        values = [getattr(p, key) for p in points]
+        if not all(v > 0 for v in values):
+            continue
+        a, b = fit_power_law(tokens, values)
+        _, b_end = fit_power_law(tokens[-2:], values[-2:])
+        rows.append({"quantity": key, "label": label, "exponent": b, "intercept": a, "exponent_last_two": b_end})
+    return rows
+
+
+def run_complexity(model_name: str, img_sizes: list[int], *, overrides: dict[str, Any] | None = None,
+                   batch_size: int = 8, repeats: int = 5, device: str | torch.device = "cpu",
+                   backend: str = "fused", log: Any = None) -> ComplexityResult:
+    """Measure ``model_name`` (a vitlab preset, with ``overrides``) at each of ``img_sizes`` and fit the exponents."""
+    from vitlab.models import create_model
+
+    if len(img_sizes) < 2:
+        raise ConfigError("give at least two image sizes to fit an exponent, e.g. --img-sizes 28,56,84,112")
+    if batch_size < 1 or repeats < 1:
+        raise ConfigError(f"batch size and repeats must be >= 1, got {batch_size} and {repeats}")
+    attention_backend(backend)
+    device = torch.device(device)
+    models = [create_model(model_name, **{**(overrides or {}), "img_size": s}) for s in sorted(img_sizes)]
+    points = []
+    for i, model in enumerate(models):
+        points.append(measure_size(model, batch_size=batch_size, repeats=repeats, device=device, backend=backend))
+        p = points[-1]
+        if log:
+            log(f"[{i + 1}/{len(models)}] img_size {p.img_size}: {p.tokens} tokens, "
+                f"forward {1e3 * p.forward_s:.1f} ms, forward+backward {1e3 * p.forward_backward_s:.1f} ms, "
+                f"memory {p.memory_bytes / 2**20:.1f} MiB")
+        models[i] = None  # free it before the next, larger one
+    return ComplexityResult(points, fit_rows(points))
+
+
+def plot_complexity(result: ComplexityResult, path: str | Path, title: str) -> Path:
+    """Three log-log panels against tokens: measured times with their fits, memory, analytic MACs by part."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    from vitlab.analysis.plots import new_figure, save
+
+    pts = result.points
+    t = np.array([p.tokens for p in pts], dtype=float)
+    fits = {r["quantity"]: r for r in result.fits}
+    fig = new_figure(14.0, 4.2)
+    axes = fig.subplots(1, 3)
+    panels = ((axes[0], (("forward_s", "forward", "#1f77b4"), ("forward_backward_s", "forward+backward", "#d62728")),
+               "seconds per batch", 1.0),
+              (axes[1], (("memory_bytes", pts[0].memory_kind.replace("_", " "), "#2ca02c"),), "MiB", 2.0 ** -20),
+              (axes[2], (("macs", "total", "#222222"), ("linear_macs", "token-linear", "#1f77b4"),
+                         ("attention_macs", "attention (T^2)", "#d62728")), "MACs per image", 1.0))
+    for ax, series, ylabel, scale in panels:
+        for key, label, color in series:
+            y = np.array([getattr(p, key) for p in pts], dtype=float) * scale
+            fit = fits.get(key)
+            text = f"{label}, b = {fit['exponent']:.2f}" if fit else label
+            ax.plot(t, y, "o-", color=color, label=text)
+            if fit:
+                ax.plot(t, np.exp(fit["intercept"]) * t ** fit["exponent"] * scale, ":", color=color, alpha=0.7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(t, [str(int(v)) for v in t])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("tokens per image")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("measured time (median)")
+    axes[1].set_title("memory")
+    axes[2].set_title("analytic MACs")
+    fig.suptitle(title)
+    return save(fig, path)

@@ -1,0 +1,264 @@
+"""Hyper-parameter sweeps (seed 003's studies): train one model per value (a grid for several parameters) and
+seed, then plot test accuracy (mean +- std over seeds) and training time against each parameter.
+
+Any :class:`~vitlab.models.ModelConfig` field can be swept (``embed_dim``, ``patch_size``, ``depth``,
+``num_heads``, ``mlp_ratio``, ``gate``...), and so can the recipe options of
+:class:`~vitlab.train.config.RunConfig` (``lr``, ``batch_size``, ``drop_path``...). Values are parsed to
+the field's type. For ``timm:NAME`` models the values are parsed as YAML scalars and passed to timm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitlab.errors import ConfigError
+from vitlab.experiments.common import (
+    RunSpec,
+    aggregate,
+    format_value,
+    model_cost,
+    parse_typed,
+    safe_name,
+    split_list,
+    summary_value,
+    unknown_option,
+)
+
+MODEL, RUN = "model", "run"
+SWEEPABLE_RUN = ("epochs", "batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing",
+                 "clip_grad", "drop_path", "drop_path_rule", "ema_decay", "degrees", "shear", "translate",
+                 "erase_prob", "hflip", "pad_crop", "mixup", "cutmix", "limit_train")
+VALUES = ("test_acc", "best_test_acc", "train_time_s", "wall_time_s")
+
+
+@dataclass
+class SweepParam:
+    """A swept option: its name, whether it is a model option or a run option, and its parsed values."""
+
+    name: str
+    kind: str  # model | run
+    values: list[Any]
+
+    @property
+    def numeric(self) -> bool:
+        return all(isinstance(v, int | float) and not isinstance(v, bool) for v in self.values)
+
+
+def param_types(model: str) -> dict[str, tuple[str, Any]]:
+    """``{option: (kind, type)}`` of every sweepable option for ``model`` (model options win a name clash)."""
+    from vitlab.models import ModelConfig
+    from vitlab.train.config import RunConfig
+
+    run_hints = typing.get_type_hints(RunConfig)
+    out: dict[str, tuple[str, Any]] = {k: (RUN, run_hints[k]) for k in SWEEPABLE_RUN}
+    if not model.startswith("timm:"):
+        hints = typing.get_type_hints(ModelConfig)
+        out.update({k: (MODEL, hints[k]) for k in ModelConfig.field_names() if k not in ("arch", "name")})
+    return out
+
+
+def parse_param(model: str, name: str, values: str) -> SweepParam:
+    """Resolve ``--param NAME --values V1,V2`` for ``model``; unknown names get the closest valid ones."""
+    name = name.strip().replace("-", "_")
+    types = param_types(model)
+    texts = split_list(values, f"--values for {name}")
+    if name in types:
+        kind, tp = types[name]
+        parsed = [parse_typed(t, tp, f"--values for {name}") for t in texts]
+    elif model.startswith("timm:"):
+        import yaml
+
+        kind, parsed = MODEL, [yaml.safe_load(t) for t in texts]
+    else:
+        raise ConfigError(unknown_option(name, list(types), "sweep parameter"))
+    unique: list[Any] = []
+    for v in parsed:
+        if v in unique:
+            raise ConfigError(f"--values for {name} repeats {format_value(v)}; give each value once")
+        unique.append(v)
+    return SweepParam(name, kind, unique)
+
+
+def parse_params(model: str, names: list[str], values: list[str]) -> list[SweepParam]:
+    if not names:
+        raise ConfigError("give at least one --param NAME --values V1,V2,...")
+    if len(names) != len(values):
+        raise ConfigError(f"{len(names)} --param but {len(values)} --values; give one --values after each --param")
+    params = [parse_param(model, n, v) for n, v in zip(names, values)]
+    seen = [p.name for p in params]
+    if len(set(seen)) != len(seen):
+        raise ConfigError(f"--param {', '.join(sorted({n for n in seen if seen.count(n) > 1}))} is given twice; "
+                          "merge the values into one --values list")
+    return params
+
+
+def run_name(params: list[SweepParam], combo: tuple, seed: int) -> str:
+    return safe_name("_".join(f"{p.name}={format_value(v)}" for p, v in zip(params, combo)) + f"_seed={seed}")
+
+
+def sweep_specs(model: str, params: list[SweepParam], seeds: list[int], base: Any,
+                fixed: dict[str, Any]) -> list[RunSpec]:
+    """One :class:`RunSpec` per value combination and seed; every combination is validated before any runs."""
+    from vitlab.models import get_config
+
+    specs = []
+    for combo in itertools.product(*(p.values for p in params)):
+        overrides = dict(fixed)
+        run_fields: dict[str, Any] = {}
+        for p, v in zip(params, combo):
+            (overrides if p.kind == MODEL else run_fields)[p.name] = v
+        where = ", ".join(f"{p.name}={format_value(v)}" for p, v in zip(params, combo))
+        try:
+            if not model.startswith("timm:"):
+                get_config(model, **overrides)
+            cfg = base.replace(model=model, model_overrides=overrides, **run_fields)
+            cfg.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"the run {where} is invalid: {exc}") from None
+        info = {p.name: format_value(v) for p, v in zip(params, combo)}
+        for seed in seeds:
+            specs.append(RunSpec(run_name(params, combo, seed), cfg.replace(seed=seed), {**info, "seed": seed}))
+    return specs
+
+
+def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> list[dict[str, Any]]:
+    """One row per run: the swept values, seed, accuracies, parameters, MACs/FLOPs and times."""
+    rows = []
+    for spec, summary in pairs:
+        row = {p.name: spec.info[p.name] for p in params}
+        row["seed"] = spec.info["seed"]
+        for key in VALUES:
+            row[key] = summary_value(summary, key)
+        row["epochs"] = summary_value(summary, "epochs")
+        params_n, macs = summary_value(summary, "params"), summary_value(summary, "macs")
+        if math.isnan(params_n) or math.isnan(macs):
+            cfg = spec.config
+            params_n, macs = model_cost(cfg.model, cfg.model_overrides)
+        row["params"] = int(params_n)
+        row["macs"] = int(macs)
+        row["flops"] = 2 * int(macs)
+        row["run"] = spec.name
+        rows.append(row)
+    return rows
+
+
+def aggregate_rows(rows: list[dict[str, Any]], params: list[SweepParam]) -> list[dict[str, Any]]:
+    """Mean and standard deviation over seeds of each value combination (``n`` runs each)."""
+    keys = [p.name for p in params]
+    agg = aggregate(rows, keys, VALUES)
+    first = {tuple(r[k] for k in keys): r for r in reversed(rows)}
+    for a in agg:
+        r = first[tuple(a[k] for k in keys)]
+        a["params"], a["macs"] = r["params"], r["macs"]
+    return agg
+
+
+@dataclass
+class Series:
+    """One line of a sweep figure: the other parameters' values, and x / mean / std per value of the swept one."""
+
+    label: str
+    x: list[Any]
+    acc_mean: list[float]
+    acc_std: list[float]
+    time_mean: list[float]
+    time_std: list[float]
+
+
+def figure_series(agg: list[dict[str, Any]], param: SweepParam, params: list[SweepParam]) -> list[Series]:
+    """The lines of ``param``'s figure: one per combination of the other parameters, x in ``param.values`` order."""
+    others = [p for p in params if p.name != param.name]
+    out = []
+    for combo in itertools.product(*(p.values for p in others)):
+        fixed = {p.name: format_value(v) for p, v in zip(others, combo)}
+        label = ", ".join(f"{k}={v}" for k, v in fixed.items())
+        xs, am, ast, tm, ts = [], [], [], [], []
+        for v in param.values:
+            match = [a for a in agg if a[param.name] == format_value(v) and all(a[k] == fv for k, fv in fixed.items())]
+            if not match:
+                continue
+            a = match[0]
+            xs.append(v)
+            am.append(a["test_acc_mean"])
+            ast.append(a["test_acc_std"])
+            tm.append(a["train_time_s_mean"])
+            ts.append(a["train_time_s_std"])
+        if xs:
+            out.append(Series(label, xs, am, ast, tm, ts))
+    return out
+
+
+def plot_param(series: list[Series], param: SweepParam, path: str | Path, title: str) -> Path:
+    """Test accuracy (mean +- std over seeds, %) and training time (s) against ``param``'s values."""
+    from vitlab.analysis.plots import new_figure, save
+
+    fig = new_figure(10.0, 3.8)
+    ax_acc, ax_time = fig.subplots(1, 2)
+    numeric = param.numeric
+    positions = {format_value(v): i for i, v in enumerate(param.values)}
+    for s in series:
+        x = [float(v) for v in s.x] if numeric else [positions[format_value(v)] for v in s.x]
+        label = s.label or None
+        ax_acc.errorbar(x, [100 * m for m in s.acc_mean], yerr=[100 * d for d in s.acc_std], marker="o",
+                        capsize=4, label=label)
+        ax_time.errorbar(x, s.time_mean, yerr=s.time_std, marker="o", capsize=4, label=label)
+    for ax, ylabel in ((ax_acc, "test accuracy (%)"), (ax_time, "training time (s)")):
+        if numeric:
+            vals = [float(v) for v in param.values]
+            if min(vals) > 0 and max(vals) / min(vals) >= 8:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(vals, [format_value(v) for v in param.values])
+            ax.minorticks_off()
+        else:
+            ax.set_xticks(list(positions.values()), list(positions))
+        ax.set_xlabel(param.name)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if any(s.label for s in series):
+            ax.legend(fontsize=8)
+    ax_acc.set_title("test accuracy, mean +- std over seeds")
+    ax_time.set_title("training time, mean +- std over seeds")
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+def summary_text(agg: list[dict[str, Any]], params: list[SweepParam]) -> str:
+    best = max(agg, key=lambda a: a["test_acc_mean"] if a["test_acc_mean"] == a["test_acc_mean"] else -1)
+    where = ", ".join(f"{p.name}={best[p.name]}" for p in params)
+    return (f"Best mean test accuracy {100 * best['test_acc_mean']:.2f}% (+- {100 * best['test_acc_std']:.2f}, "
+            f"{best['n']} seeds) at {where}.")
+
+
+def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[SweepParam], *, title: str,
+                command: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """results.csv, summary.csv, one ``sweep_<param>.png`` per parameter, summary.json and index.html."""
+    from vitlab.analysis.report import Section, write_csv, write_json, write_report
+
+    rows = result_rows(pairs, params)
+    agg = aggregate_rows(rows, params)
+    write_csv(out / "results.csv", rows)
+    write_csv(out / "summary.csv", agg)
+    figures = []
+    for p in params:
+        name = f"sweep_{safe_name(p.name)}.png"
+        plot_param(figure_series(agg, p, params), p, out / name, f"{title}: {p.name}")
+        figures.append(name)
+    text = summary_text(agg, params)
+    write_json(out / "summary.json", {**meta, "params": [{"name": p.name, "kind": p.kind, "values": p.values}
+                                                          for p in params], "results": agg})
+    sections = [Section("Sweep", f"{text} Each point is the mean over seeds of the final test accuracy; error bars "
+                        "are the sample standard deviation (0 with one seed). Training time is the time spent in "
+                        "training steps, without evaluation; it was measured on a machine that may be shared.",
+                        figures, ["summary.csv"]),
+                Section("Every run", "One row per run; each run's folder holds its checkpoint, metrics.jsonl and "
+                        "summary.json.", [], ["results.csv"]),
+                Section("Settings", "", [], [[{"setting": k, "value": json.dumps(v) if not isinstance(v, str) else v}
+                                              for k, v in meta.items()]])]
+    write_report(out, title, command, sections)
+    return {"rows": rows, "summary": agg, "figures": figures, "text": text}

@@ -1,0 +1,530 @@
+"""timm <-> vitlab: ``from_timm`` / ``to_timm``, the :class:`ModelConfig` of a timm model or of a bare state
+dict, and the state-dict maps between the two layouts.
+
+Parameter names are shared (``patch_embed.proj``, ``blocks.{i}.attn.qkv``, ``ls1.gamma``, CaiT's ``gamma_1``...),
+so most keys pass through unchanged. A few vitlab options that timm spells differently are mapped by
+:class:`Rule` s: scalar gates become constant LayerScale gammas, a CaiT without gates gets gammas of ones, a
+CaiT with plain attention gets identity talking-heads, a CaiT without position embedding gets a zero table.
+A fixed sin-cos table becomes timm's (learnable) ``pos_embed`` with the same values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from timm.layers import Attention as TimmAttention
+from timm.layers import DropPath
+from timm.layers import LayerNorm as TimmLayerNorm
+from timm.layers import LayerScale as TimmLayerScale
+from timm.layers import Mlp as TimmMlp
+from timm.layers import PatchEmbed as TimmPatchEmbed
+from timm.layers import RmsNorm as TimmRmsNorm
+from timm.layers import SwiGLU as TimmSwiGLU
+from timm.layers.activations import GELU as TimmGELU
+from timm.models.cait import Cait as TimmCait
+from timm.models.cait import ClassAttn, LayerScaleBlock, LayerScaleBlockClassAttn, TalkingHeadAttn
+from timm.models.vision_transformer import Block as TimmBlock
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+from torch import Tensor, nn
+
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.layers import ReAttention, ScalarGate, cait_init_value, drop_path_rates
+from vitlab.models import ModelConfig, VitlabModel, build_model
+
+_EPS = 1e-6  # vitlab's LayerNorm / RMSNorm eps, as timm's ViT and CaiT
+
+
+# ---------------------------------------------------------------- timm model -> ModelConfig
+
+def config_from_timm(m: nn.Module, **overrides) -> ModelConfig:
+    """The vitlab config of timm model ``m`` (``VisionTransformer`` or ``Cait``), with ``overrides`` applied.
+
+    Raises :class:`ConfigError` naming every timm feature vitlab has no equivalent for.
+    """
+    if hasattr(m, "dist_token"):
+        raise ConfigError(f"cannot convert timm {type(m).__name__}: vitlab has no distillation token (dist_token, "
+                          f"head_dist); load its state dict with load_pretrained(..., drop_dist_token=True) instead")
+    if type(m) is TimmCait:
+        fields, drops = _cait_fields(m)
+    elif type(m) is TimmViT:
+        fields, drops = _vit_fields(m)
+    else:
+        raise ConfigError(f"from_timm takes timm's VisionTransformer or Cait, got {type(m).__name__}; "
+                          f"vitlab has no equivalent of that architecture")
+    problems: list[str] = []
+    fields.update(_drop_fields(*drops, arch=fields["arch"], overrides=overrides, problems=problems))
+    _raise_if(m, problems)
+    arch_name = (getattr(m, "pretrained_cfg", None) or {}).get("architecture")
+    fields["name"] = f"timm:{arch_name}" if arch_name else "timm"
+    return ModelConfig().replace(**{**fields, **overrides})
+
+
+def _raise_if(m: nn.Module, problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(f"cannot convert timm {type(m).__name__}: vitlab has no equivalent of "
+                          f"{'; '.join(dict.fromkeys(problems))}")
+
+
+def _vit_fields(m: nn.Module) -> tuple[dict, tuple]:
+    problems = _patch_embed_problems(m.patch_embed)
+    blocks, dim = list(m.blocks), m.embed_dim
+    for name, mod in (("pre_norm=True (norm_pre)", m.norm_pre), ("patch dropout (patch_drop_rate > 0)", m.patch_drop)):
+        if not isinstance(mod, nn.Identity):
+            problems.append(name)
+    if m.attn_pool is not None or m.global_pool not in ("token", "avg"):
+        problems.append(f"global_pool={m.global_pool!r} (vitlab pools with 'token' or 'avg')")
+    if m.pool_include_prefix:
+        problems.append("pool_include_prefix=True")
+    use_fc_norm = not isinstance(m.fc_norm, nn.Identity)
+    if not use_fc_norm and isinstance(m.norm, nn.Identity):
+        problems.append("final_norm=False (no norm before the head)")
+    if not blocks:
+        problems.append("a model without blocks (depth=0)")
+    kinds = {_block_kind(b, dim, problems) for b in blocks}
+    _raise_if(m, problems)
+    if len(kinds) > 1:
+        problems.append("blocks that differ from one another (heads, MLP, biases, QK-norm or LayerScale)")
+    norms = [m.norm, m.fc_norm, *(n for b in blocks for n in (b.norm1, b.norm2, b.attn.q_norm, b.attn.k_norm))]
+    norm = _norm_kind(norms, problems)
+    _raise_if(m, problems)
+    kind, b0 = next(iter(kinds)), blocks[0]
+    fields = dict(
+        arch="vit", img_size=m.patch_embed.img_size[0], patch_size=m.patch_embed.patch_size[0],
+        in_chans=m.patch_embed.proj.in_channels, num_classes=_num_classes(m.head), embed_dim=dim,
+        depth=len(blocks), num_heads=kind["heads"], mlp_ratio=_ratio(kind["hidden"], dim),
+        qkv_bias=kind["qkv_bias"], qk_norm=kind["qk_norm"], mlp=kind["mlp"], norm=norm,
+        gate="layerscale" if kind["ls"] else "none",
+        init_values=float(b0.ls1.init_values) if kind["ls"] else None,
+        class_token=m.cls_token is not None, reg_tokens=m.num_reg_tokens, reg_position="front",
+        pos_embed="none" if m.pos_embed is None else "learned", pos_embed_cls=not m.no_embed_class,
+        global_pool=m.global_pool, fc_norm=None if use_fc_norm == (m.global_pool == "avg") else use_fc_norm,
+    )
+    drops = (m.head_drop.p, m.pos_drop.p, b0.attn.proj_drop.p, b0.attn.attn_drop.p,
+             [_drop_prob(b.drop_path1) for b in blocks])
+    return fields, drops
+
+
+def _block_kind(b: nn.Module, dim: int, problems: list[str]) -> _Kind:
+    """What a timm ``Block`` holds; appends to ``problems`` what vitlab cannot express."""
+    if type(b) is not TimmBlock:
+        problems.append(f"{type(b).__name__} blocks (vitlab has timm's pre-norm Block)")
+        return _Kind()
+    a = b.attn
+    if type(a) is not TimmAttention:
+        problems.append(f"{type(a).__name__} attention")
+        return _Kind()
+    if not isinstance(a.norm, nn.Identity):
+        problems.append("scale_attn_norm=True (a norm before attn.proj)")
+    if getattr(a, "gate", None) is not None:
+        problems.append("gated attention")
+    if a.attn_dim != dim:
+        problems.append("attn_head_dim other than embed_dim / num_heads")
+    if a.proj.bias is None:
+        problems.append("proj_bias=False")
+    mlp = _mlp_kind(b.mlp, problems)
+    for ls in (b.ls1, b.ls2):
+        if not isinstance(ls, (nn.Identity, TimmLayerScale)):
+            problems.append(f"{type(ls).__name__} residual gates")
+    return _Kind(hidden=b.mlp.fc2.in_features, qkv_bias=a.qkv.bias is not None, mlp=mlp,
+                 qk_norm=not isinstance(a.q_norm, nn.Identity), ls=isinstance(b.ls1, TimmLayerScale),
+                 heads=a.num_heads)
+
+
+class _Kind(dict):
+    """A hashable dict: the blocks of one model must all be of one kind."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
+def _mlp_kind(mlp: nn.Module, problems: list[str]) -> str:
+    if type(mlp) is TimmMlp:
+        act_ok = type(mlp.act) is TimmGELU or (type(mlp.act) is nn.GELU and mlp.act.approximate == "none")
+        kind = "gelu"
+    elif type(mlp) is TimmSwiGLU:
+        act_ok, kind = type(mlp.act) is nn.SiLU, "swiglu"
+    else:
+        problems.append(f"{type(mlp).__name__} MLPs (vitlab has Mlp with GELU and SwiGLU with SiLU)")
+        return "gelu"
+    if not act_ok:
+        problems.append(f"a {type(mlp.act).__name__} activation in {type(mlp).__name__} "
+                        f"(vitlab: exact GELU in Mlp, SiLU in SwiGLU)")
+    if not isinstance(mlp.norm, nn.Identity):
+        problems.append("scale_mlp_norm=True (a norm inside the MLP)")
+    if not isinstance(mlp.fc2, nn.Linear) or mlp.fc2.bias is None:
+        problems.append("MLP layers without bias or as convolutions")
+    return kind
+
+
+def _norm_kind(norms: list[nn.Module], problems: list[str]) -> str:
+    kinds = set()
+    for n in norms:
+        if isinstance(n, nn.Identity):
+            continue
+        if type(n) in (nn.LayerNorm, TimmLayerNorm) and n.elementwise_affine and n.bias is not None:
+            kinds.add("layernorm")
+        elif type(n) in (nn.RMSNorm, TimmRmsNorm) and n.elementwise_affine:
+            kinds.add("rmsnorm")
+        else:
+            problems.append(f"{type(n).__name__} norms (vitlab has affine LayerNorm and RMSNorm)")
+            continue
+        if n.eps != _EPS:
+            problems.append(f"norm eps {n.eps} (vitlab's norms use {_EPS})")
+    if len(kinds) > 1:
+        problems.append("a mix of LayerNorm and RMSNorm")
+    return next(iter(kinds), "layernorm")
+
+
+def _patch_embed_problems(pe: nn.Module) -> list[str]:
+    if type(pe) is not TimmPatchEmbed:
+        return [f"{type(pe).__name__} patch embedding (vitlab has the strided-conv PatchEmbed)"]
+    problems = []
+    if not isinstance(pe.norm, nn.Identity):
+        problems.append("a norm in the patch embedding (embed_norm_layer)")
+    if pe.proj.bias is None:
+        problems.append("a patch embedding without bias")
+    if pe.img_size is None or pe.img_size[0] != pe.img_size[1] or pe.patch_size[0] != pe.patch_size[1]:
+        problems.append(f"non-square images or patches (img_size={pe.img_size}, patch_size={pe.patch_size})")
+    elif pe.img_size[0] % pe.patch_size[0]:
+        problems.append(f"img_size {pe.img_size[0]} not a multiple of patch_size {pe.patch_size[0]}")
+    return problems
+
+
+def _cait_fields(m: nn.Module) -> tuple[dict, tuple]:
+    problems = _patch_embed_problems(m.patch_embed)
+    blocks, cls_blocks = list(m.blocks), list(m.blocks_token_only or [])
+    if not blocks or m.cls_token is None:
+        problems.append("a pruned CaiT (no blocks or no class token)")
+    if m.global_pool not in ("token", "avg"):
+        problems.append(f"global_pool={m.global_pool!r} (vitlab pools with 'token' or 'avg')")
+    for b in blocks:
+        if type(b) is not LayerScaleBlock or type(b.attn) is not TalkingHeadAttn:
+            problems.append(f"{type(b).__name__} / {type(b.attn).__name__} self-attention blocks")
+            break
+    for b in cls_blocks:
+        if type(b) is not LayerScaleBlockClassAttn or type(b.attn) is not ClassAttn:
+            problems.append(f"{type(b).__name__} / {type(b.attn).__name__} class-attention blocks")
+            break
+    _raise_if(m, problems)
+    if any(_mlp_kind(b.mlp, problems) != "gelu" for b in blocks + cls_blocks):
+        problems.append("SwiGLU MLPs in CaiT")
+    norms = [m.norm, *(n for b in blocks + cls_blocks for n in (b.norm1, b.norm2))]
+    norm = _norm_kind(norms, problems)
+    _raise_if(m, problems)
+    b0, dim = blocks[0], m.embed_dim
+    fields = dict(
+        arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False, reg_tokens=0,
+        img_size=m.patch_embed.img_size[0], patch_size=m.patch_embed.patch_size[0],
+        in_chans=m.patch_embed.proj.in_channels, num_classes=_num_classes(m.head), embed_dim=dim,
+        depth=len(blocks), num_heads=b0.attn.num_heads, mlp_ratio=_ratio(b0.mlp.fc1.out_features, dim),
+        qkv_bias=b0.attn.qkv.bias is not None, norm=norm,
+        init_values=cait_init_value(len(blocks)), depth_token_only=len(cls_blocks),
+        mlp_ratio_token_only=_ratio(cls_blocks[0].mlp.fc1.out_features, dim) if cls_blocks else 4.0,
+        global_pool=m.global_pool if m.global_pool in ("token", "avg") else "token",
+    )
+    drops = (m.head_drop.p, m.pos_drop.p, b0.attn.proj_drop.p, b0.attn.attn_drop.p,
+             [_drop_prob(b.drop_path) for b in blocks])
+    return fields, drops
+
+
+def _drop_fields(head: float, pos: float, proj: float, attn: float, rates: list[float], *, arch: str,
+                 overrides: dict, problems: list[str]) -> dict:
+    """vitlab's single ``drop_rate`` and its drop-path rule from timm's separate rates."""
+    out = {"attn_drop_rate": attn}
+    if "drop_rate" not in overrides:
+        if len({head, pos, proj}) > 1:
+            problems.append(f"separate dropout rates (drop_rate={head}, pos_drop_rate={pos}, "
+                            f"proj_drop_rate={proj}): vitlab has one drop_rate, pass drop_rate=... to choose it")
+        else:
+            out["drop_rate"] = head
+    if "drop_path_rate" not in overrides and rates:
+        rate = max(rates)
+        for rule in ("linear", "uniform") if arch == "vit" else ("uniform", "linear"):
+            if all(abs(a - b) < 1e-6 for a, b in zip(rates, drop_path_rates(rate, len(rates), rule))):
+                out.update(drop_path_rate=rate, drop_path_rule=rule)
+                break
+        else:
+            problems.append(f"per-block drop-path rates {rates} that are neither uniform nor a linear ramp: "
+                            f"pass drop_path_rate=... to choose one")
+    return out
+
+
+def _drop_prob(m: nn.Module) -> float:
+    return float(m.drop_prob) if isinstance(m, DropPath) else 0.0
+
+
+def _num_classes(head: nn.Module) -> int:
+    return head.out_features if isinstance(head, nn.Linear) else 0
+
+
+def _ratio(hidden: int, dim: int) -> float:
+    """An mlp_ratio with ``int(dim * ratio) == hidden``."""
+    ratio = hidden / dim
+    while int(dim * ratio) < hidden:
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
+
+
+# ---------------------------------------------------------------- state dict -> ModelConfig
+
+def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = None) -> ModelConfig:
+    """Infer a ViT or CaiT config from the shapes of a timm/vitlab state dict.
+
+    Everything but the number of heads shows in the shapes; heads are read from QK-norm weights or CaiT's
+    talking-heads, else ``num_heads`` must be given.
+    """
+    pe = state.get("patch_embed.proj.weight")
+    if pe is None or pe.ndim != 4:
+        raise CheckpointError("the weights have no 'patch_embed.proj.weight' convolution, so they are not a ViT or "
+                              "CaiT state dict; say what they are with a model name (--model NAME)")
+    dim, in_chans, patch = pe.shape[0], pe.shape[1], pe.shape[-1]
+    depth = 1 + max((int(k.split(".")[1]) for k in state if re.match(r"blocks\.\d+\.", k)), default=-1)
+    cait = "blocks_token_only.0.attn.q.weight" in state
+    fc1 = state.get("blocks.0.mlp.fc1.weight", state.get("blocks.0.mlp.fc1_g.weight"))
+    if depth == 0 or fc1 is None:
+        raise CheckpointError("the weights have no 'blocks.0.*' transformer blocks of a ViT or CaiT; say what they "
+                              "are with a model name (--model NAME)")
+    heads = num_heads
+    if heads is None and "blocks.0.attn.proj_l.weight" in state:
+        heads = state["blocks.0.attn.proj_l.weight"].shape[0]
+    if heads is None and "blocks.0.attn.q_norm.weight" in state:
+        heads = dim // state["blocks.0.attn.q_norm.weight"].shape[0]
+    if heads is None:
+        raise CheckpointError(f"a ViT state dict (embed_dim {dim}, depth {depth}) does not show its number of heads; "
+                              f"say which model it is: load_pretrained('timm:NAME' or a vitlab preset, path) or "
+                              f"`vitlab convert IN OUT --model NAME` (e.g. --model timm:vit_small_patch16_224)")
+    cls_token = "cls_token" in state
+    reg = state["reg_token"].shape[1] if "reg_token" in state else 0
+    f = dict(arch="cait" if cait else "vit", embed_dim=dim, in_chans=in_chans, patch_size=patch, depth=depth,
+             num_heads=heads, mlp_ratio=_ratio(fc1.shape[0], dim), qkv_bias="blocks.0.attn.qkv.bias" in state,
+             norm="layernorm" if "blocks.0.norm1.bias" in state else "rmsnorm",
+             num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, class_token=cls_token)
+    pos = state.get("pos_embed")
+    slots = 0
+    if cait:
+        cls_fc1 = state.get("blocks_token_only.0.mlp.fc1.weight")
+        f.update(attn="talking_heads", gate="layerscale", pos_embed_cls=False, init_values=cait_init_value(depth),
+                 depth_token_only=1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks_token_only.")),
+                 mlp_ratio_token_only=_ratio(cls_fc1.shape[0], dim) if cls_fc1 is not None else 4.0)
+    else:
+        f.update(mlp="swiglu" if "blocks.0.mlp.fc1_g.weight" in state else "gelu",
+                 qk_norm="blocks.0.attn.q_norm.weight" in state, reg_tokens=reg,
+                 gate="layerscale" if {"blocks.0.ls1.gamma", "blocks.0.gamma_1"} & set(state) else "none",
+                 global_pool="avg" if "fc_norm.weight" in state or not cls_token else "token",
+                 fc_norm=False if not cls_token and "fc_norm.weight" not in state else None)
+        if pos is not None:
+            prefix = int(cls_token) + reg + int("dist_token" in state)
+            f["pos_embed_cls"] = _is_square(pos.shape[1] - prefix)
+            slots = prefix if f["pos_embed_cls"] else 0
+    if pos is None:
+        f.update(pos_embed="none", img_size=patch * (224 // patch))
+    else:
+        grid = math.isqrt(max(pos.shape[1] - slots, 0))
+        if grid * grid != pos.shape[1] - slots or grid == 0:
+            raise CheckpointError(f"pos_embed holds {pos.shape[1]} positions, not a square grid plus the prefix "
+                                  f"tokens; say what the weights are with a model name (--model NAME)")
+        f["img_size"] = grid * patch
+    return ModelConfig(name="inferred").replace(**f)
+
+
+def _is_square(n: int) -> bool:
+    return n > 0 and math.isqrt(n) ** 2 == n
+
+
+# ---------------------------------------------------------------- ModelConfig -> timm model
+
+def timm_unsupported(model: VitlabModel) -> list[str]:
+    """What ``model`` holds that timm's ``VisionTransformer`` / ``Cait`` cannot express."""
+    cfg = model.cfg
+    out = []
+    if any(isinstance(m, ReAttention) for m in model.modules()):
+        out.append("DeepViT re-attention (attn='reattention')")
+    if cfg.rope:
+        out.append("ViT-5 2-D RoPE (rope=True)")
+    if cfg.stem == "conv":
+        out.append("DeepViT's convolutional stem (stem='conv')")
+    if cfg.gate == "rezero":
+        out.append("ReZero gates, which drop the pre-norms (gate='rezero')")
+    if cfg.arch == "vit" and cfg.attn == "talking_heads":
+        out.append("talking-heads attention in a ViT (timm has it only in Cait)")
+    if cfg.arch == "cait" and cfg.mlp != "gelu":
+        out.append(f"{cfg.mlp} MLPs in CaiT")
+    if cfg.arch == "cait" and cfg.qk_norm:
+        out.append("QK-norm in CaiT")
+    if (cfg.arch == "vit" and cfg.reg_tokens and cfg.reg_position == "end" and cfg.pos_embed_cls
+            and cfg.class_token and cfg.pos_embed != "none"):
+        out.append("registers after the patches while the class token has a position slot (reg_position='end', "
+                   "pos_embed_cls=True)")
+    return out
+
+
+def timm_model_for(model: VitlabModel) -> nn.Module:
+    """A freshly initialised timm model with ``model``'s architecture."""
+    cfg = model.cfg
+    gated = cfg.gate in ("layerscale", "scalar", "skipinit")
+    init = cfg.init_values if cfg.gate == "layerscale" and cfg.init_values else 1e-4
+    common = dict(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
+                  num_classes=cfg.num_classes, global_pool=cfg.global_pool, embed_dim=cfg.embed_dim,
+                  depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
+                  drop_rate=cfg.drop_rate, pos_drop_rate=cfg.drop_rate, proj_drop_rate=cfg.drop_rate,
+                  attn_drop_rate=cfg.attn_drop_rate)
+    norm = TimmRmsNorm if cfg.norm == "rmsnorm" else TimmLayerNorm
+    if cfg.arch == "cait":
+        tm = TimmCait(**common, norm_layer=partial(norm, eps=_EPS), init_values=init,
+                      depth_token_only=cfg.depth_token_only, mlp_ratio_token_only=cfg.mlp_ratio_token_only)
+        blocks = [(b, ("drop_path",)) for b in tm.blocks]
+    else:
+        slots = model.num_prefix_tokens if cfg.pos_embed_cls else 0
+        tm = TimmViT(**common, qk_norm=cfg.qk_norm, init_values=init if gated else None,
+                     class_token=cfg.class_token, reg_tokens=cfg.reg_tokens,
+                     pos_embed="none" if cfg.pos_embed == "none" else "learn", no_embed_class=slots == 0,
+                     fc_norm=cfg.fc_norm, norm_layer=norm, mlp_layer=TimmSwiGLU if cfg.mlp == "swiglu" else TimmMlp,
+                     act_layer=nn.SiLU if cfg.mlp == "swiglu" else nn.GELU)
+        blocks = [(b, ("drop_path1", "drop_path2")) for b in tm.blocks]
+    for (blk, names), rate in zip(blocks, drop_path_rates(cfg.drop_path_rate, cfg.depth, cfg.drop_path_rule)):
+        for name in names:
+            setattr(blk, name, DropPath(rate) if rate > 0 else nn.Identity())
+    return tm
+
+
+# ---------------------------------------------------------------- state-dict maps
+
+@dataclass
+class Rule:
+    """One parameter that vitlab and timm hold differently: ``vitlab_key`` (None: vitlab has no such
+    parameter) <-> ``timm_key``, with the value maps both ways (``to_vitlab`` raises when it cannot)."""
+
+    vitlab_key: str | None
+    timm_key: str
+    to_timm: Callable[[Tensor | None], Tensor]
+    to_vitlab: Callable[[Tensor], Tensor | None]
+
+
+def conversion_rules(model: VitlabModel) -> list[Rule]:
+    """The non-identity key maps for ``model``; every other key has the same name and value in both."""
+    rules: list[Rule] = []
+    dim = model.cfg.embed_dim
+    gated = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
+    if model.cfg.arch == "cait":
+        gated += [(f"blocks_token_only.{i}", b) for i, b in enumerate(model.blocks_token_only)]
+    for prefix, blk in gated:
+        if getattr(blk, "_param_gates", False):
+            continue
+        for j in (1, 2):
+            gate = getattr(blk, f"ls{j}")
+            timm_key = f"{prefix}.ls{j}.gamma" if model.cfg.arch == "vit" else f"{prefix}.gamma_{j}"
+            if isinstance(gate, ScalarGate):
+                rules.append(Rule(f"{prefix}.ls{j}.alpha", timm_key, partial(_expand, dim=dim),
+                                  partial(_constant, key=timm_key)))
+            elif model.cfg.arch == "cait" and isinstance(gate, nn.Identity):
+                rules.append(Rule(None, timm_key, partial(_fill, shape=(dim,), fill="ones"),
+                                  partial(_require, key=timm_key, fill="ones")))
+    if model.cfg.arch == "cait":
+        heads = model.cfg.num_heads
+        for i, blk in enumerate(model.blocks):
+            if getattr(blk.attn, "talking_heads", True):
+                continue
+            for proj in ("proj_l", "proj_w"):
+                for name, shape, fill in (("weight", (heads, heads), "eye"), ("bias", (heads,), "zeros")):
+                    key = f"blocks.{i}.attn.{proj}.{name}"
+                    rules.append(Rule(None, key, partial(_fill, shape=shape, fill=fill),
+                                      partial(_require, key=key, fill=fill)))
+        if model.pos_embed is None:
+            shape = (1, model.num_patches, dim)
+            rules.append(Rule(None, "pos_embed", partial(_fill, shape=shape, fill="zeros"),
+                              partial(_require, key="pos_embed", fill="zeros")))
+    return rules
+
+
+def _expand(alpha: Tensor, dim: int) -> Tensor:
+    return alpha.detach().reshape(1).expand(dim).clone()
+
+
+def _constant(gamma: Tensor, key: str) -> Tensor:
+    if not torch.all(gamma == gamma.flatten()[0]):
+        raise CheckpointError(f"{key} varies across channels, so a scalar gate cannot hold it; load it into a model "
+                              f"with gate='layerscale'")
+    return gamma.flatten()[0].clone()
+
+
+def _fill(_: Tensor | None, shape: tuple[int, ...], fill: str) -> Tensor:
+    if fill == "eye":
+        return torch.eye(shape[0])
+    return torch.ones(shape) if fill == "ones" else torch.zeros(shape)
+
+
+def _require(value: Tensor, key: str, fill: str) -> None:
+    expected = _fill(None, tuple(value.shape), fill) if fill != "eye" else torch.eye(value.shape[0])
+    if value.shape != expected.shape or not torch.equal(value.float().cpu(), expected):
+        what = {"ones": "all ones", "zeros": "all zeros", "eye": "the identity"}[fill]
+        raise CheckpointError(f"{key} is not {what}, so this model (which has no such parameter) cannot hold it; "
+                              f"load the weights into a model with LayerScale gates, talking-heads attention "
+                              f"and a position embedding, as the file has")
+    return None
+
+
+def to_timm_state_dict(model: VitlabModel) -> dict[str, Tensor]:
+    """``model``'s weights under timm's names and layout."""
+    state = dict(model.state_dict())
+    for rule in conversion_rules(model):
+        value = state.pop(rule.vitlab_key) if rule.vitlab_key else None
+        state[rule.timm_key] = rule.to_timm(value)
+    return state
+
+
+def from_timm_state_dict(state: dict[str, Tensor], model: VitlabModel) -> dict[str, Tensor]:
+    """A timm-layout (or already vitlab-layout) state dict under ``model``'s names."""
+    state = dict(state)
+    for rule in conversion_rules(model):
+        if rule.vitlab_key in state or rule.timm_key not in state:
+            continue
+        value = rule.to_vitlab(state.pop(rule.timm_key))
+        if rule.vitlab_key:
+            state[rule.vitlab_key] = value
+    return state
+
+
+# ---------------------------------------------------------------- the two directions
+
+def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
+    """The vitlab model equivalent to ``timm_model`` (timm's ``VisionTransformer`` or ``Cait``), carrying its
+    weights; same device, dtype and train/eval mode.
+
+    ``overrides`` are :class:`ModelConfig` fields; ``img_size``, ``patch_size``, ``in_chans`` and
+    ``num_classes`` adapt the weights as :func:`vitlab.load_pretrained` does.
+    """
+    from vitlab.interop.pretrained import adapt_state_dict
+
+    model = build_model(config_from_timm(timm_model, **overrides))
+    model.load_state_dict(adapt_state_dict(timm_model.state_dict(), model))
+    p = next(timm_model.parameters(), None)
+    if p is not None:
+        model.to(device=p.device, dtype=p.dtype)
+    return model.train(timm_model.training)
+
+
+def to_timm(model: VitlabModel) -> nn.Module:
+    """The timm ``VisionTransformer`` or ``Cait`` equivalent to ``model``, carrying its weights; same device,
+    dtype and train/eval mode. Raises :class:`ConfigError` for what timm cannot express (re-attention, RoPE...)."""
+    reasons = timm_unsupported(model)
+    if reasons:
+        raise ConfigError(f"timm has no equivalent of {'; '.join(reasons)}; to_timm needs a model without them "
+                          f"(keep this one in vitlab's format: `vitlab convert IN OUT --to vitlab`)")
+    tm = timm_model_for(model)
+    state = to_timm_state_dict(model)
+    expected = tm.state_dict()
+    wrong = sorted(set(state) ^ set(expected)) + [k for k in expected if k in state
+                                                   and state[k].shape != expected[k].shape]
+    if wrong:
+        raise CheckpointError(f"internal key map from vitlab to timm is incomplete for {model.cfg.name or 'model'}: "
+                              f"{', '.join(wrong[:8])}; please report it")
+    tm.load_state_dict(state)
+    p = next(model.parameters(), None)
+    if p is not None:
+        tm.to(device=p.device, dtype=p.dtype)
+    return tm.train(model.training)

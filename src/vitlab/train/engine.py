@@ -1,0 +1,399 @@
+"""The training loop: data in memory, batch augmentation, AdamW + warm-up/cosine, checkpoints, resume, DDP.
+
+Every step reseeds all RNGs from (seed, epoch, step, rank) and every epoch's order is a function of
+(seed, epoch), so the same seed gives the same metrics on CPU and ``--resume`` continues bit-exactly from
+any saved step. SIGINT/SIGTERM save a resumable checkpoint and stop (exit 130/143); a non-finite loss
+stops the run (or with ``skip_nonfinite`` skips the step) and keeps the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.data import DataSplit, load_dataset, normalization
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.train.batches import BatchPipeline, epoch_order, subset
+from vitlab.train.checkpoint import (
+    CONFIG,
+    STATE,
+    load_train_state,
+    read_config,
+    save_checkpoint,
+    state_mismatch,
+    weights_of,
+)
+from vitlab.train.config import RunConfig, model_defaults
+from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
+from vitlab.train.evaluate import autocast, evaluate
+from vitlab.train.logging import METRICS, RunLogger
+from vitlab.train.models import create_for_run, is_timm, model_input, spec_label, spec_of
+from vitlab.train.optim import WarmupCosine, build_optimizer
+from vitlab.train.seeding import derive_seed, generator, seed_everything
+from vitlab.train.signals import StopRequest
+
+INIT_STREAM, AUG_STREAM = 0x1417, 0xA06
+
+
+class NonFiniteLoss(ConfigError):
+    """The loss (or gradient norm) became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    summary: dict[str, Any]
+    exit_code: int = 0  # 0, or 128 + signal when stopped by SIGINT/SIGTERM
+
+
+def train(cfg: RunConfig, *, resume: str | Path | None = None,
+          on_step: Callable[[Trainer], None] | None = None) -> TrainResult:
+    """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`."""
+    ctx = init_distributed(cfg.device)
+    try:
+        return Trainer(cfg, ctx, resume=resume, on_step=on_step).fit()
+    finally:
+        ctx.close()
+
+
+def resume_config(resume: str | Path, changes: dict[str, Any]) -> RunConfig:
+    """The run config stored in checkpoint ``resume`` with ``changes`` (CLI flags) applied."""
+    run = read_config(resume).get("run")
+    if not isinstance(run, dict):
+        raise CheckpointError(f"{resume}/{CONFIG} holds no run config to resume; start a new run")
+    stored = RunConfig.from_dict({k: v for k, v in run.items() if k != "data"}, f"{resume}/{CONFIG}")
+    return stored.replace(**changes)
+
+
+def default_output(cfg: RunConfig) -> Path:
+    name = cfg.model.replace(":", "-").replace("/", "-")
+    return Path("runs") / f"{name}_{cfg.dataset}_{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class Trainer:
+    """One training run. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks)."""
+
+    def __init__(self, cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
+                 on_step: Callable[[Trainer], None] | None = None) -> None:
+        self.ctx, self.on_step, self.stop = ctx, on_step, StopRequest()
+        self.device = ctx.device
+        self._set_threads(cfg)
+        state = load_train_state(resume) if resume is not None else None
+        img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
+        train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
+                                               in_chans=in_chans, download=cfg.download and ctx.is_main)
+        train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
+        cfg = cfg.resolve(len(train_split))
+        cfg = cfg.replace(model_overrides=self._model_overrides(cfg))
+        check_batch(cfg.batch_size, ctx)
+        self.steps_per_epoch = len(train_split) // cfg.batch_size
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"--batch-size {cfg.batch_size} is larger than the {len(train_split)} training "
+                              f"images; use --batch-size {len(train_split)} or less")
+        self.cfg = cfg
+        self.classes = list(train_split.classes)
+        self.mean, self.std = normalization(cfg.dataset, in_chans)
+        self.data_info = {"classes": self.classes, "mean": list(self.mean), "std": list(self.std),
+                          "img_size": img_size, "in_chans": in_chans, "num_train": len(train_split),
+                          "num_test": len(test_split)}
+
+        torch.manual_seed(derive_seed(cfg.seed, INIT_STREAM))
+        model = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(self.classes), img_size=img_size,
+                               in_chans=in_chans)
+        self.model = model.to(self.device)
+        self.train_data = self._to_device(train_split)
+        self.test_data = self._to_device(test_split)
+        self.pipeline = BatchPipeline(cfg, self.mean, self.std, len(self.classes), in_chans)
+        self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        total = cfg.epochs * self.steps_per_epoch
+        self.scheduler = WarmupCosine(self.optimizer, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=total,
+                                      warmup_steps=round(cfg.warmup_epochs * self.steps_per_epoch))
+        self.ema = None
+        if cfg.ema_decay:
+            from timm.utils import ModelEmaV3
+
+            self.ema = ModelEmaV3(self.model, decay=cfg.ema_decay)
+        self.criterion = self._criterion()
+        self.amp_dtype = torch.bfloat16 if cfg.amp == "bf16" or (cfg.amp == "auto" and self.device.type == "cuda") \
+            else None
+        self.progress = dict(epoch=0, step=0, global_step=0, loss_sum=0.0, seen=0, epoch_seconds=0.0,
+                             best_test_acc=0.0, best_epoch=0, train_time_s=0.0, wall_time_s=0.0,
+                             train_images=0, skipped_steps=0, test_loss=None, test_acc=None)
+        self._stop_votes = 0.0
+        if state is not None:
+            self._restore(state, resume)
+        self.out_dir = self._output_dir(cfg, resume)
+        self.train_model = self._wrap(self.model)
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    @staticmethod
+    def _set_threads(cfg: RunConfig) -> None:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        elif int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
+
+    @staticmethod
+    def _model_overrides(cfg: RunConfig) -> dict[str, Any]:
+        """The effective model options: data-set defaults (vitlab ViTs), the drop-path flags, the user's."""
+        overrides = dict(cfg.model_overrides)
+        if not is_timm(cfg.model):
+            from vitlab.models import get_config
+
+            if get_config(cfg.model, **overrides).arch == "vit":
+                overrides = {**model_defaults(cfg.dataset), **overrides}
+        overrides.setdefault("drop_path_rate", cfg.drop_path)
+        if cfg.drop_path_rule is not None:
+            overrides.setdefault("drop_path_rule", cfg.drop_path_rule)
+        return overrides
+
+    def _to_device(self, split: DataSplit) -> DataSplit:
+        return DataSplit(split.images.to(self.device), split.labels.to(self.device), split.classes)
+
+    def _criterion(self) -> nn.Module:
+        if self.pipeline.soft_targets:
+            from timm.loss import SoftTargetCrossEntropy
+
+            return SoftTargetCrossEntropy()
+        return nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if self.ctx.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
+        if self.cfg.compile:
+            model = torch.compile(model)
+        return model
+
+    def _output_dir(self, cfg: RunConfig, resume: str | Path | None) -> Path:
+        out = Path(cfg.output) if cfg.output else (Path(resume) if resume else default_output(cfg))
+        out = Path(self.ctx.broadcast_object(str(out)))
+        if self.ctx.is_main:
+            if resume is None and (out / CONFIG).exists():
+                raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick "
+                                  "another --output (or delete the folder)")
+            out.mkdir(parents=True, exist_ok=True)
+            if resume is not None and Path(resume).resolve() != out.resolve():
+                src = Path(resume) / METRICS
+                if src.is_file():
+                    shutil.copyfile(src, out / METRICS)
+        return out
+
+    def _restore(self, state: dict[str, Any], resume: str | Path) -> None:
+        problem = state_mismatch(self.model.state_dict(), state["model"])
+        if problem:
+            saved = read_config(resume)["model"]
+            raise CheckpointError(f"cannot resume {resume}: it holds a {spec_label(saved)} model but this run "
+                                  f"builds a {spec_label(spec_of(self.model))} model: {problem}; resume without "
+                                  "--model / model flags, or start a new run")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise CheckpointError(f"{resume}/{STATE} has no EMA weights but this run uses --ema-decay; "
+                                      "resume with --ema-decay 0")
+            self.ema.module.load_state_dict(state["ema"])
+        self.progress.update({k: state["progress"][k] for k in self.progress if k in state["progress"]})
+
+    # ------------------------------------------------------------------------------------------ state
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The model that is evaluated and saved: the EMA copy when EMA is on."""
+        return self.ema.module if self.ema is not None else self.model
+
+    def run_config(self) -> dict[str, Any]:
+        return {**self.cfg.to_dict(), "data": self.data_info}
+
+    def train_state(self) -> dict[str, Any]:
+        return {"model": weights_of(self.model), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "ema": weights_of(self.ema.module) if self.ema is not None else None,
+                "progress": dict(self.progress), "rng": torch.get_rng_state()}
+
+    def save(self) -> None:
+        if self.ctx.is_main:
+            save_checkpoint(self.out_dir, self.eval_model, run_config=self.run_config(),
+                            train_state=self.train_state())
+        self.ctx.barrier()
+
+    # ------------------------------------------------------------------------------------------ loop
+
+    def fit(self) -> TrainResult:
+        cfg, p = self.cfg, self.progress
+        logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p["epoch"]) \
+            if self.ctx.is_main else None
+        if self.ctx.is_main:
+            self._announce()
+        try:
+            with self.stop:
+                while p["epoch"] < cfg.epochs:
+                    if not self._run_epoch(logger):
+                        return self._interrupted()
+            summary = self.summary()
+            if logger is not None:
+                logger.write_summary(summary)
+            return TrainResult(self.out_dir, summary)
+        finally:
+            if logger is not None:
+                logger.close()
+
+    def _announce(self) -> None:
+        c, d = self.cfg, self.data_info
+        params = sum(t.numel() for t in self.model.parameters())
+        where = f"{self.device}" + (f" x {self.ctx.world_size} processes" if self.ctx.distributed else "")
+        print(f"vitlab train: {c.model} ({params / 1e6:.2f}M params) on {c.dataset} ({d['num_train']} train / "
+              f"{d['num_test']} test, {d['in_chans']}x{d['img_size']}x{d['img_size']}), {c.epochs} epochs x "
+              f"{self.steps_per_epoch} steps of {c.batch_size}, lr {c.lr:g}, {where}; output {self.out_dir}",
+              flush=True)
+
+    def _run_epoch(self, logger: RunLogger | None) -> bool:
+        """Train the rest of the current epoch, evaluate, log and save; False when a stop was requested."""
+        cfg, p = self.cfg, self.progress
+        epoch = p["epoch"]
+        order = epoch_order(len(self.train_data), cfg.seed, epoch).to(self.device)
+        bar = logger.bar(epoch=epoch + 1, epochs=cfg.epochs, total=self.steps_per_epoch, initial=p["step"]) \
+            if logger else None
+        self.train_model.train()
+        try:
+            while p["step"] < self.steps_per_epoch:
+                start = time.perf_counter()
+                loss = self._train_step(epoch, p["step"], order)
+                elapsed = time.perf_counter() - start
+                for key, value in (("train_time_s", elapsed), ("wall_time_s", elapsed), ("epoch_seconds", elapsed)):
+                    p[key] += value
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.scheduler.get_last_lr():.2e}",
+                                    img_s=f"{p['train_images'] / max(p['train_time_s'], 1e-9):.0f}", refresh=False)
+                if self.on_step is not None:
+                    self.on_step(self)
+                if self._stop_agreed():
+                    self.save()
+                    return False
+                if cfg.checkpoint_every and p["global_step"] % cfg.checkpoint_every == 0:
+                    self.save()
+        finally:
+            if bar is not None:
+                bar.close()
+        start = time.perf_counter()
+        metrics = evaluate(self.eval_model, self.test_data, mean=self.mean, std=self.std,
+                           batch_size=cfg.eval_batch_size, device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx)
+        elapsed = time.perf_counter() - start
+        p["wall_time_s"] += elapsed
+        row = {"epoch": epoch + 1, "step": p["global_step"], "train_loss": p["loss_sum"] / max(p["seen"], 1),
+               "test_loss": metrics["loss"], "test_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
+               "seconds": p["epoch_seconds"] + elapsed}
+        if metrics["acc"] > p["best_test_acc"]:
+            p["best_test_acc"], p["best_epoch"] = metrics["acc"], epoch + 1
+        p.update(epoch=epoch + 1, step=0, loss_sum=0.0, seen=0, epoch_seconds=0.0, test_loss=metrics["loss"],
+                 test_acc=metrics["acc"])
+        if logger is not None:
+            logger.log_epoch(row)
+        self.save()
+        return True
+
+    def _train_step(self, epoch: int, step: int, order: torch.Tensor) -> float:
+        cfg, p, ctx = self.cfg, self.progress, self.ctx
+        seed_everything(derive_seed(cfg.seed, epoch, step, ctx.rank))
+        gen = generator(derive_seed(cfg.seed, epoch, step, ctx.rank, AUG_STREAM))
+        idx = shard(order[step * cfg.batch_size:(step + 1) * cfg.batch_size], ctx)
+        x, y = self.pipeline.train_batch(self.train_data.images[idx], self.train_data.labels[idx], gen)
+        with autocast(self.device, self.amp_dtype):
+            logits = self.train_model(x)
+        loss = self.criterion(logits.float(), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        finite = torch.isfinite(loss.detach())
+        if cfg.clip_grad:
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+            finite = finite & torch.isfinite(norm)
+        stats = torch.stack([loss.detach().float() * len(idx), torch.tensor(float(len(idx)), device=loss.device),
+                             (~finite).float(), torch.tensor(float(self.stop.requested), device=loss.device)])
+        stats = ctx.all_reduce_sum(stats.double()).tolist()
+        self._stop_votes = stats[3]
+        p["step"] += 1
+        p["global_step"] += 1
+        if stats[2]:
+            if not cfg.skip_nonfinite:
+                raise self._nonfinite_error(epoch, step, stats[0] / stats[1])
+            p["skipped_steps"] += 1
+            self.scheduler.step()
+            return float("nan")
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model, step=p["global_step"])
+        p["loss_sum"] += stats[0]
+        p["seen"] += stats[1]
+        p["train_images"] += stats[1]
+        return stats[0] / stats[1]
+
+    def _stop_agreed(self) -> bool:
+        """Every process stops at the same step once any of them got a signal."""
+        if self.ctx.distributed:
+            return bool(self._stop_votes) or self.stop.requested
+        return self.stop.requested
+
+    def _nonfinite_error(self, epoch: int, step: int, loss: float) -> NonFiniteLoss:
+        cfg = self.cfg
+        causes = [f"a learning rate too high (--lr {cfg.lr:g}; try {cfg.lr / 4:g})"]
+        if self.amp_dtype is not None:
+            causes.append("low-precision overflow (try --amp off)")
+        if not cfg.clip_grad:
+            causes.append("no gradient clipping (try --clip-grad 1.0)")
+        where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress['global_step']})"
+        kept = f"the last good checkpoint in {self.out_dir} is kept" if (self.out_dir / CONFIG).exists() \
+            else "no checkpoint was saved yet"
+        return NonFiniteLoss(f"non-finite loss ({loss}) at {where}; likely {' or '.join(causes)}; {kept}; "
+                             "--skip-nonfinite skips such steps instead")
+
+    def _interrupted(self) -> TrainResult:
+        p = self.progress
+        if self.ctx.is_main:
+            import sys
+
+            print(f"vitlab train: stopped by {self.stop.name} at epoch {p['epoch'] + 1} step {p['step']}; "
+                  f"resumable checkpoint saved in {self.out_dir} (continue with --resume {self.out_dir})",
+                  file=sys.stderr, flush=True)
+        return TrainResult(self.out_dir, {}, exit_code=self.stop.exit_code)
+
+    def summary(self) -> dict[str, Any]:
+        p = self.progress
+        macs = model_macs(self.model, self.data_info)
+        return {"model": self.cfg.model, "dataset": self.cfg.dataset, "epochs": p["epoch"],
+                "steps": p["global_step"], "final_test_acc": p["test_acc"],
+                "final_test_loss": p["test_loss"], "best_test_acc": p["best_test_acc"],
+                "best_epoch": p["best_epoch"],
+                "train_images_per_second": p["train_images"] / max(p["train_time_s"], 1e-9),
+                "wall_time_s": p["wall_time_s"], "train_time_s": p["train_time_s"],
+                "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
+                "flops": 2 * macs if macs is not None else None, "skipped_steps": p["skipped_steps"],
+                "world_size": self.ctx.world_size, "device": str(self.device)}
+
+
+def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
+    """Multiply-accumulates per image: vitlab's ``flop_count()``, else ``FlopCounterMode`` (matmul FLOPs / 2)."""
+    if hasattr(model, "flop_count"):
+        return int(model.flop_count())
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = model.training
+    model.eval()
+    x = torch.zeros(1, data["in_chans"], data["img_size"], data["img_size"], device=next(model.parameters()).device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    model.train(was_training)
+    return counter.get_total_flops() // 2
