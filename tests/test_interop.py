@@ -538,7 +538,7 @@ def test_save_weights_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_docs_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.chdir(tmp_path)
-    cait = vitlab.create_model("cait_xxs24", img_size=28, patch_size=4, in_chans=1, num_classes=10)
+    cait = vitlab.create_model("cait_xxs24", img_size=28, patch_size=4, in_chans=1, num_classes=10, depth=2)
     write_checkpoint_dir(perturb(cait, 0.02), tmp_path / "runs" / "cait_mnist")
     text = DOCS.read_text()
     blocks = re.findall(r"```(python|bash)\n(.*?)```", text, flags=re.S)
@@ -554,5 +554,5 @@ def test_docs_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     assert "12 (2, 3, 17, 17) (2, 10)" in out and "True" in out
     converted = vitlab.load_pretrained("vit_tiny_28x28x1.safetensors")
     assert (converted.cfg.img_size, converted.cfg.patch_size, converted.cfg.in_chans) == (28, 7, 1)
-    TimmCait(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=24, num_heads=4
+    TimmCait(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=2, num_heads=4
              ).load_state_dict(load_file("cait_mnist_timm.safetensors"))

@@ -345,6 +345,7 @@ def test_error_wrong_input_shape(shape: tuple[int, ...]) -> None:
     (dict(class_token=False), "global_pool='avg'"),
     (dict(rope=True, num_heads=32), "head dim divisible by 4"),
     (dict(drop_path_rate=1.0), "drop_path_rate"),
+    (dict(attn="reattention", qk_norm=True), "set qk_norm=False"),
 ])
 def test_error_bad_combinations(overrides: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as exc:

@@ -26,12 +26,12 @@ from vitlab.analysis.collapse import (
 )
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
 from vitlab.analysis.report import Section, atomic_path, read_csv, versions, write_csv, write_json, write_report
-from vitlab.analysis.residuals import BlockRatio, gated_blocks, residual_ratios, stack_ratios
+from vitlab.analysis.residuals import BlockRatio, gated_blocks, residual_ratios, stack_ratios, summarize_ratios
 
 __all__ = [
     "AnalysisResult", "BlockRatio", "CollapseGroup", "Rollout", "Section", "SimilarityMeter", "TokenLayout",
     "adjacent_similarity", "analyze_model", "atomic_path", "class_attention_rollout", "class_token_attention",
     "collapse_groups", "cross_layer_similarity", "gated_blocks", "model_rollout", "patch_pos_embed",
     "pos_embed_similarity", "read_csv", "residual_ratios", "rollout", "similar_blocks", "similarity_grid",
-    "stack_ratios", "to_grid", "versions", "write_csv", "write_json", "write_report",
+    "stack_ratios", "summarize_ratios", "to_grid", "versions", "write_csv", "write_json", "write_report",
 ]

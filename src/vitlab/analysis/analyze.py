@@ -25,9 +25,14 @@ from vitlab.analysis.attention_maps import TokenLayout, class_token_attention, m
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
 from vitlab.analysis.report import Section, versions, write_csv, write_json, write_report
-from vitlab.analysis.residuals import BlockRatio, residual_ratios
+from vitlab.analysis.residuals import BlockRatio, stack_ratios, summarize_ratios
 from vitlab.errors import ConfigError, DataError
-from vitlab.layers.attention import AttentionBase
+from vitlab.layers.attention import AttentionBase, record_attention
+from vitlab.layers.block import record_residuals
+
+OUTPUTS = ("collapse_similarity.png", "collapse_similarity.csv", "collapse_layers.csv", "collapse_similar_blocks.png",
+           "residual_ratios.png", "residual_ratios.csv", "attention_heads.png", "attention_rollout.png",
+           "attention_maps.csv", "pos_embed_similarity.png", "pos_embed_similarity.csv", "summary.json", "index.html")
 
 
 @dataclass
@@ -126,6 +131,10 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
                       num_show=min(num_show, len(x)), layer=layer, batch_size=batch_size, command=command,
                       title=title)
         out_dir.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUTS:  # outputs of an earlier run this one did not produce would be stale
+            if name not in result.files:
+                with contextlib.suppress(FileNotFoundError):
+                    (out_dir / name).unlink()
         for name in result.files:  # index.html is last: it appears once everything it shows is there
             os.replace(stage / name, out_dir / name)
     finally:
@@ -144,9 +153,12 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
     meter = SimilarityMeter(threshold)
     cls_attn, roll, mass = [], [], []
     names: list[str] = []
+    ratio_parts = []
     for start in range(0, len(x), batch_size):
         chunk = x[start:start + batch_size].to(device)
-        maps = model.attention_maps(chunk)
+        with record_attention(model.modules()) as maps, record_residuals(model.modules()) as res:
+            model(chunk)  # one pass records both attention maps and residual ratios
+        ratio_parts.append(stack_ratios(res))
         if not maps:
             raise ConfigError(f"model {cfg.name or cfg.arch!r} recorded no attention maps; analyse a vitlab model")
         if not names:
@@ -163,7 +175,7 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
             roll.append(r.relevance[:keep].cpu())
     groups = meter.compute()
     cls_attention, relevance, patch_mass = torch.cat(cls_attn), torch.cat(roll), torch.cat(mass)
-    ratios = residual_ratios(model, x, batch_size=batch_size)
+    ratios = summarize_ratios(model, ratio_parts)
 
     files: list[str] = []
 

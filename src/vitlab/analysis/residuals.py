@@ -58,6 +58,11 @@ def residual_ratios(model: nn.Module, images: Tensor, batch_size: int = 64) -> l
         raise ConfigError(f"images must be a non-empty (B, C, H, W) batch, got shape {tuple(images.shape)}")
     device = next(model.parameters()).device
     parts = [stack_ratios(model.residual_ratios(chunk.to(device))) for chunk in images.split(batch_size)]
+    return summarize_ratios(model, parts)
+
+
+def summarize_ratios(model: nn.Module, parts: list[dict[str, Tensor]]) -> list[BlockRatio]:
+    """Mean and std over images of :func:`stack_ratios` outputs of several batches."""
     attn = torch.cat([p["attn"] for p in parts], dim=1)  # (L, N)
     mlp = torch.cat([p["mlp"] for p in parts], dim=1)
     names = gated_blocks(model)

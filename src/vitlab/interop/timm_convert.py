@@ -67,7 +67,7 @@ def config_from_timm(m: nn.Module, **overrides) -> ModelConfig:
 def _raise_if(m: nn.Module, problems: list[str]) -> None:
     if problems:
         raise ConfigError(f"cannot convert timm {type(m).__name__}: vitlab has no equivalent of "
-                          f"{'; '.join(dict.fromkeys(problems))}")
+                          f"{'; '.join(dict.fromkeys(problems))}; convert a timm model without them")
 
 
 def _vit_fields(m: nn.Module) -> tuple[dict, tuple]:
@@ -515,7 +515,10 @@ def to_timm(model: VitlabModel) -> nn.Module:
     if reasons:
         raise ConfigError(f"timm has no equivalent of {'; '.join(reasons)}; to_timm needs a model without them "
                           f"(keep this one in vitlab's format: `vitlab convert IN OUT --to vitlab`)")
-    tm = timm_model_for(model)
+    with torch.device("meta"):  # skip the initialisation: every parameter is overwritten below
+        tm = timm_model_for(model)
+    # a buffer might be one the state dict does not carry: then build the model for real
+    tm = timm_model_for(model) if any(True for _ in tm.buffers()) else tm.to_empty(device="cpu")
     state = to_timm_state_dict(model)
     expected = tm.state_dict()
     wrong = sorted(set(state) ^ set(expected)) + [k for k in expected if k in state

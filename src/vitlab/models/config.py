@@ -135,6 +135,9 @@ class ModelConfig:
                               f"; change embed_dim/num_heads or set rope=False")
         if self.rope and self.attn == "reattention":
             raise ConfigError("rope=True is not supported with attn='reattention'; use attn='mhsa'")
+        if self.qk_norm and self.attn == "reattention":
+            raise ConfigError("qk_norm=True is not supported with attn='reattention' (its blocks have no QK-norm); "
+                              "set qk_norm=False or use attn='mhsa'")
         if self.global_pool == "token" and not self.class_token and self.arch == "vit":
             raise ConfigError("global_pool='token' needs a class token; set class_token=True or global_pool='avg'")
         if self.arch == "cait":

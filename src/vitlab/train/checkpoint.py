@@ -178,7 +178,8 @@ def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) 
             raise CheckpointError(f"cannot rebuild the model of {path} ({exc})") from exc
     else:
         stored = spec.get("kwargs", {}) if "timm" in spec else spec
-        opts = {k: stored[k] for k in ("img_size", "in_chans", "num_classes") if stored.get(k) is not None}
+        shape = ("img_size", "patch_size", "in_chans", "num_classes")
+        opts = {k: stored[k] for k in shape if stored.get(k) is not None}
         opts.update(overrides)
         if is_timm(model):
             net = create_timm(model[len(TIMM_PREFIX):], opts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -171,12 +172,13 @@ def _coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
             return value
         raise bad
     if origin is int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                isinstance(value, float) and not value.is_integer()):
             raise bad
         return int(value)
     if origin is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
         return float(value)
     if origin is str:
         if not isinstance(value, str):

@@ -1,0 +1,68 @@
+"""``vitlab compare``: vitlab and timm models, from scratch and fine-tuned, with one recipe on one data set."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    from vitlab.experiments.common import add_run_options
+
+    p = subparsers.add_parser(
+        "compare", help="compare models (vitlab presets, timm:NAME, fine-tuned checkpoints) on one recipe",
+        description="Train every --models from scratch with one recipe and, for each --pretrained, a fine-tuned "
+                    "copy starting from local weights (timm or vitlab, .safetensors/.pth or a checkpoint folder; "
+                    "position embedding, input channels, patch kernel and head adapted), each in its own "
+                    "sub-folder of --output (finished runs are read back). Writes results.csv, summary.csv "
+                    "(accuracy, params, MACs, time), compare.png and index.html.")
+    p.add_argument("--dataset", default="mnist-5k", help="data set (default mnist-5k)")
+    p.add_argument("--models", required=True, metavar="M1,M2,...",
+                   help="vitlab presets and timm:NAME models, e.g. vit_mnist,timm:vit_tiny_patch16_224")
+    p.add_argument("--pretrained", action="append", default=None, metavar="[NAME=]PATH",
+                   help="weights to fine-tune from: values pair with --models in order ('-' skips one), or "
+                        "NAME=PATH; 'hub' downloads timm's weights when online. Each adds a fine-tuned row")
+    p.add_argument("--set", action="append", default=None, metavar="[MODEL:]KEY=VALUE",
+                   help="model option for one model (MODEL:KEY=VALUE) or all (KEY=VALUE), e.g. "
+                        "--set timm:vit_tiny_patch16_224:patch_size=7")
+    p.add_argument("--seeds", type=int, default=1, help="runs per row, seeds 0..N-1 (default 1)")
+    add_run_options(p)
+    p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figure, index.html)")
+    p.set_defaults(func=run, _parser=p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.errors import ConfigError
+    from vitlab.experiments.common import base_run_config, check_output, command_line, run_all
+    from vitlab.experiments.compare import (
+        compare_specs,
+        entries,
+        parse_model_sets,
+        parse_models,
+        parse_pretrained,
+        write_compare,
+    )
+    from vitlab.models import get_config
+
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    models = parse_models(args.models)
+    sets = parse_model_sets(args.set, models)
+    for m in models:
+        if not m.startswith("timm:"):
+            get_config(m, **sets[m])
+    items = entries(models, sets, parse_pretrained(args.pretrained, models))
+    cfg = base_run_config(args, dataset=args.dataset)
+    specs = compare_specs(items, cfg, list(range(args.seeds)))
+    out = check_output(args.output)
+    pairs = run_all(specs, out, title="compare", progress=args.progress)
+    meta = {"dataset": args.dataset, "models": models, "overrides": sets,
+            "pretrained": {e.label: e.init for e in items if e.init}, "seeds": args.seeds,
+            "run_config": cfg.to_dict()}
+    result = write_compare(out, pairs, title=f"Comparison on {args.dataset}", command=command_line(args), meta=meta)
+    for t in result["summary"]:
+        macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
+        print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "
+              f"{(macs or 0) / 1e6:.1f} matmul MMACs, training {t['train_time_s']:.1f} s ({t['start']})")
+    print(f"wrote results.csv, summary.csv, compare.png, index.html to {out}")
+    return 0

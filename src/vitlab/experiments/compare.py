@@ -1,0 +1,254 @@
+"""Model comparison (seed 003's table): vitlab presets and timm models trained from scratch with one recipe, and
+models fine-tuned from local checkpoints, with accuracy, parameters, MACs and training time.
+
+``--pretrained PATH`` values pair with ``--models`` in order (``-`` skips a model); ``NAME=PATH`` pairs with
+model ``NAME``. Each adds a fine-tuned row beside the model's from-scratch row. PATH is a ``.safetensors`` /
+``.pth`` file or a vitlab checkpoint folder, timm's or vitlab's weights, adapted to the run's image size, patch
+size, channels and classes by :func:`vitlab.interop.load_pretrained`; ``hub`` takes timm's own pretrained
+weights (needs the network).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.experiments.common import RunSpec, aggregate, safe_name, split_list, summary_value, yaml_value
+
+SKIP = ("-", "none", "")
+VALUES = ("test_acc", "best_test_acc", "train_time_s", "wall_time_s")
+
+
+@dataclass
+class Entry:
+    """One row of the table: a model, its options and the weights it starts from (None: from scratch)."""
+
+    model: str
+    overrides: dict[str, Any]
+    init: str | None = None
+    index: int = 0  # fine-tuned rows of one model are numbered 1, 2, ...
+
+    @property
+    def start(self) -> str:
+        if self.init is None:
+            return "scratch"
+        return "timm hub weights" if self.init == "hub" else f"fine-tuned from {self.init}"
+
+    @property
+    def label(self) -> str:
+        if self.init is None:
+            return f"{self.model} (scratch)"
+        return f"{self.model} (fine-tuned{f' #{self.index}' if self.index > 1 else ''})"
+
+
+def parse_models(text: str) -> list[str]:
+    from vitlab.models import list_models
+
+    models = split_list(text, "--models")
+    presets = set(list_models())
+    for m in models:
+        if not m.startswith("timm:") and m not in presets:
+            import difflib
+
+            close = difflib.get_close_matches(m, presets, n=3, cutoff=0.4)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"--models: unknown preset {m!r}{hint} (a vitlab preset, or timm:NAME)")
+    if len(set(models)) != len(models):
+        raise ConfigError("--models lists a model twice; list each once (fine-tuned rows come from --pretrained)")
+    return models
+
+
+def parse_model_sets(items: list[str] | None, models: list[str]) -> dict[str, dict[str, Any]]:
+    """``--set [MODEL:]KEY=VALUE`` -> options per model (without MODEL: for every model); values read as YAML."""
+    out: dict[str, dict[str, Any]] = {m: {} for m in models}
+    for item in items or ():
+        lhs, sep, value = item.partition("=")
+        name, colon, key = lhs.rpartition(":")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r} must be [MODEL:]KEY=VALUE, e.g. --set timm:vit_tiny_patch16_224:"
+                              "patch_size=7")
+        targets = models if not colon or not name else [name]
+        for t in targets:
+            if t not in out:
+                raise ConfigError(f"--set {item!r} names model {t!r}, which is not in --models ({', '.join(models)})")
+            out[t][key.strip()] = yaml_value(value.strip())
+    return out
+
+
+def parse_pretrained(items: list[str] | None, models: list[str]) -> list[tuple[str, str]]:
+    """``(model, path)`` pairs: ``NAME=PATH`` by name, other values by position (``-`` skips that model)."""
+    pairs = []
+    position = 0
+    for item in items or ():
+        name, sep, path = item.partition("=")
+        if sep and name in models:
+            pairs.append((name, path))
+            continue
+        if position >= len(models):
+            raise ConfigError(f"--pretrained {item!r} has no model to pair with: {len(models)} --models; write "
+                              "NAME=PATH to name the model")
+        if item.strip().lower() not in SKIP:
+            pairs.append((models[position], item))
+        position += 1
+    for model, path in pairs:
+        check_weights(model, path)
+    return pairs
+
+
+def check_weights(model: str, path: str) -> None:
+    """Fail now, before any training, when the weights cannot be found."""
+    if path == "hub":
+        from vitlab.interop.pretrained import hub_online
+
+        if not model.startswith("timm:"):
+            raise ConfigError(f"--pretrained {model}=hub: hub weights exist for timm:NAME models only; pass a file")
+        if not hub_online():
+            raise CheckpointError(f"--pretrained {model}=hub needs the network but the Hugging Face hub is "
+                                  "unreachable; pass a local .safetensors or .pth file instead")
+        return
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"--pretrained {path}: no such file or folder; pass a .safetensors or .pth weight "
+                              "file, or a vitlab checkpoint folder")
+
+
+def entries(models: list[str], sets: dict[str, dict[str, Any]], pretrained: list[tuple[str, str]]) -> list[Entry]:
+    """From-scratch rows in ``models`` order, each followed by its fine-tuned rows."""
+    out = []
+    for m in models:
+        out.append(Entry(m, dict(sets[m])))
+        inits = [p for name, p in pretrained if name == m]
+        out += [Entry(m, dict(sets[m]), str(Path(p).expanduser()) if p != "hub" else p, k + 1)
+                for k, p in enumerate(inits)]
+    return out
+
+
+def compare_specs(items: list[Entry], cfg: Any, seeds: list[int]) -> list[RunSpec]:
+    specs = []
+    for e in items:
+        start = "scratch" if e.init is None else f"finetune{e.index}"
+        for seed in seeds:
+            info = {"model": e.model, "label": e.label, "start": e.start, "overrides": e.overrides, "seed": seed}
+            specs.append(RunSpec(safe_name(f"{e.model.replace(':', '-')}_{start}_seed{seed}"),
+                                 cfg.replace(model=e.model, model_overrides=e.overrides, seed=seed), info, e.init))
+    return specs
+
+
+def matmul_macs(run_dir: Path) -> int | None:
+    """Matmul multiply-adds per image of a run's model (FlopCounterMode FLOPs / 2, on the meta device): one
+    definition for vitlab and timm models alike."""
+    import torch
+
+    from vitlab.flops import torch_flops
+    from vitlab.train.checkpoint import read_config
+    from vitlab.train.models import model_from_spec
+
+    try:
+        config = read_config(run_dir)
+    except CheckpointError:
+        return None
+    data = (config.get("run") or {}).get("data") or {}
+    if "img_size" not in data:
+        return None
+    with torch.device("meta"):
+        model = model_from_spec(config["model"])
+        x = torch.empty(1, data["in_chans"], data["img_size"], data["img_size"])
+        return torch_flops(model, x) // 2
+
+
+def result_rows(pairs: list[tuple[RunSpec, dict]], out: Path) -> list[dict[str, Any]]:
+    import json
+
+    rows = []
+    for spec, summary in pairs:
+        row = {"label": spec.info["label"], "model": spec.info["model"], "start": spec.info["start"],
+               "seed": spec.info["seed"]}
+        for key in VALUES:
+            row[key] = summary_value(summary, key)
+        row["epochs"] = summary_value(summary, "epochs")
+        row["params"] = int(summary_value(summary, "params"))
+        macs = summary_value(summary, "macs")
+        row["macs"] = int(macs) if macs == macs else None
+        row["matmul_macs"] = matmul_macs(out / spec.name)
+        row["overrides"] = json.dumps(spec.info["overrides"], sort_keys=True)
+        row["run"] = spec.name
+        rows.append(row)
+    return rows
+
+
+def aggregate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    agg = aggregate(rows, ("label", "start"), VALUES)
+    first = {(r["label"], r["start"]): r for r in reversed(rows)}
+    for a in agg:
+        r = first[(a["label"], a["start"])]
+        a["model"], a["params"], a["macs"], a["matmul_macs"] = r["model"], r["params"], r["macs"], r["matmul_macs"]
+    return agg
+
+
+def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Path:
+    """Horizontal bars per row: test accuracy (mean +- std), training time, parameters."""
+    from vitlab.analysis.plots import new_figure, save
+
+    fig = new_figure(13.0, 0.6 * len(agg) + 1.8)
+    axes = fig.subplots(1, 3, sharey=True)
+    y = list(range(len(agg)))[::-1]
+    labels = [a["label"] for a in agg]
+    panels = ((axes[0], "test_acc", 100.0, "test accuracy (%)", "{:.2f}"),
+              (axes[1], "train_time_s", 1.0, "training time (s)", "{:.0f}"))
+    for ax, key, scale, xlabel, fmt in panels:
+        means = [scale * a[f"{key}_mean"] for a in agg]
+        ax.barh(y, means, xerr=[scale * a[f"{key}_std"] for a in agg], color="#1f77b4", alpha=0.8, capsize=3)
+        for yi, m in zip(y, means):
+            ax.text(m, yi, " " + fmt.format(m), va="center", fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, axis="x", alpha=0.3)
+    params = [a["params"] / 1e6 for a in agg]
+    axes[2].barh(y, params, color="#2ca02c", alpha=0.8)
+    for yi, a, p in zip(y, agg, params):
+        macs = a["matmul_macs"] if a["matmul_macs"] is not None else a["macs"]
+        note = f" {p:.2f}M, {macs / 1e6:.0f} MMACs" if macs is not None else f" {p:.2f}M"
+        axes[2].text(p, yi, note, va="center", fontsize=8)
+    axes[2].set_xlabel("parameters (M)")
+    axes[2].grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks(y, labels)
+    lo = min(100 * a["test_acc_mean"] for a in agg)
+    axes[0].set_xlim(max(0.0, lo - 10), 101)
+    for ax in axes[1:]:
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.35)
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, command: str,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+    """results.csv (one row per run), summary.csv (mean and std over seeds), compare.png, index.html."""
+    import json
+
+    from vitlab.analysis.report import Section, write_csv, write_json, write_report
+
+    rows = result_rows(pairs, out)
+    agg = aggregate_rows(rows)
+    write_csv(out / "results.csv", rows)
+    table = [{"model": a["label"], "start": a["start"], "test_acc": a["test_acc_mean"],
+              "test_acc_std": a["test_acc_std"], "seeds": a["n"], "params": a["params"], "macs": a["macs"],
+              "matmul_macs": a["matmul_macs"], "train_time_s": a["train_time_s_mean"],
+              "wall_time_s": a["wall_time_s_mean"]} for a in agg]
+    write_csv(out / "summary.csv", table)
+    plot_compare(agg, out / "compare.png", title)
+    write_json(out / "summary.json", {**meta, "results": table})
+    text = "; ".join(f"{t['model']}: {100 * t['test_acc']:.2f}%" for t in table)
+    sections = [
+        Section("Comparison", f"{text}. Final test accuracy after the same recipe (mean over seeds). macs is each "
+                "model's own count (vitlab: every multiply, timm: FlopCounterMode); matmul_macs counts the "
+                "matrix products of both the same way (FlopCounterMode FLOPs / 2), per image. Training time is "
+                "the time spent in training steps, on a machine that may be shared.", ["compare.png"],
+                ["summary.csv"]),
+        Section("Every run", "Each run's folder holds its checkpoint, metrics.jsonl and summary.json.", [],
+                ["results.csv"]),
+        Section("Settings", "", [], [[{"setting": k, "value": json.dumps(v) if not isinstance(v, str) else v}
+                                      for k, v in meta.items()]]),
+    ]
+    write_report(out, title, command, sections)
+    return {"rows": rows, "summary": table, "text": text}

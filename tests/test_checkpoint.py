@@ -1,0 +1,201 @@
+"""Checkpoints: the files and their contract, exact round trips, architecture checks, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.errors import CheckpointError
+from vitlab.train.checkpoint import (
+    FORMAT,
+    atomic_write_text,
+    load_model,
+    load_train_state,
+    read_config,
+    save_checkpoint,
+    state_mismatch,
+)
+from vitlab.train.models import create_timm, spec_of
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def tiny_vit(**overrides) -> torch.nn.Module:
+    return vitlab.create_model("vit_mnist", **{"depth": 2, "embed_dim": 32, "num_heads": 4, **overrides})
+
+
+def tiny_timm() -> torch.nn.Module:
+    return create_timm("vit_tiny_patch16_224", dict(img_size=28, patch_size=7, in_chans=1, num_classes=10,
+                                                    embed_dim=32, depth=1, num_heads=2))
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_checkpoint_files_and_config_contract(tmp_path):
+    model = tiny_vit()
+    run = {"dataset": "mnist-5k", "lr": 0.002}
+    state = {"step": torch.tensor(7), "epoch": 2, "rng": torch.get_rng_state()}
+    out = save_checkpoint(tmp_path / "ck", model, run_config=run, train_state=state)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "state.pt"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["format"] == FORMAT == "vitlab-checkpoint/1"
+    assert config["model"] == model.cfg.to_dict() and config["run"] == run
+    assert config["vitlab_version"] == vitlab.__version__
+    assert read_config(out) == config == read_config(out / "model.safetensors")
+    loaded = load_train_state(out)
+    assert loaded["epoch"] == 2 and torch.equal(loaded["rng"], state["rng"]) and int(loaded["step"]) == 7
+    assert (out / "config.json").stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_without_state_no_state_file(tmp_path):
+    out = save_checkpoint(tmp_path, tiny_vit())
+    assert not (out / "state.pt").exists()
+    with pytest.raises(CheckpointError, match="no state.pt") as exc:
+        load_train_state(out)
+    one_line(exc)
+
+
+@pytest.mark.parametrize("builder", [tiny_vit, tiny_timm], ids=["vitlab", "timm"])
+def test_round_trip_gives_identical_weights_and_logits(tmp_path, builder):
+    model = builder().eval()
+    save_checkpoint(tmp_path, model)
+    for path in (tmp_path, tmp_path / "model.safetensors"):
+        loaded = load_model(path).eval()
+        assert type(loaded) is type(model)
+        ref, got = model.state_dict(), loaded.state_dict()
+        assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+        x = torch.randn(2, 1, 28, 28)
+        assert torch.equal(model(x), loaded(x))
+
+
+def test_timm_spec_is_name_and_kwargs(tmp_path):
+    save_checkpoint(tmp_path, tiny_timm())
+    spec = read_config(tmp_path)["model"]
+    assert spec["timm"] == "vit_tiny_patch16_224"
+    assert spec["kwargs"]["img_size"] == 28 and spec["kwargs"]["in_chans"] == 1
+
+
+def test_overrides_that_keep_the_shapes_load(tmp_path):
+    save_checkpoint(tmp_path, tiny_vit(drop_path_rate=0.1))
+    assert load_model(tmp_path, drop_path_rate=0.0).cfg.drop_path_rate == 0.0
+
+
+def test_missing_config_names_the_fix(tmp_path):
+    save_checkpoint(tmp_path, tiny_vit())
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(CheckpointError) as exc:
+        load_model(tmp_path)
+    msg = one_line(exc)
+    assert "config.json" in msg and "vitlab train --output" in msg
+
+
+def test_missing_folder_and_wrong_file(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist") as exc:
+        load_model(tmp_path / "nope")
+    one_line(exc)
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="not a checkpoint") as exc:
+        load_model(other)
+    one_line(exc)
+
+
+def test_checkpoint_of_another_architecture_lists_the_mismatch(tmp_path):
+    save_checkpoint(tmp_path, tiny_vit())
+    with pytest.raises(CheckpointError) as exc:
+        load_model(tmp_path, model="cait_xxs24", depth=2, embed_dim=32, num_heads=4)
+    msg = one_line(exc)
+    assert "vit (vit_mnist)" in msg and "cait (cait_xxs24)" in msg
+    assert "missing keys (blocks.0.attn.proj_l" in msg and "arch 'vit' vs 'cait'" in msg
+
+
+def test_edited_config_depth_is_refused_with_key_names(tmp_path):
+    save_checkpoint(tmp_path, tiny_vit())
+    meta = json.loads((tmp_path / "config.json").read_text())
+    meta["model"]["depth"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"missing keys \(blocks\.2\.") as exc:
+        load_model(tmp_path)
+    one_line(exc)
+
+
+def test_shape_mismatch_is_reported(tmp_path):
+    save_checkpoint(tmp_path, tiny_vit())
+    with pytest.raises(CheckpointError, match="shape mismatches") as exc:
+        load_model(tmp_path, num_classes=7)
+    assert "head.weight (10, 32) vs (7, 32)" in one_line(exc)
+
+
+def test_state_mismatch_is_empty_for_equal_layouts():
+    a, b = tiny_vit().state_dict(), tiny_vit().state_dict()
+    assert state_mismatch(a, b) == ""
+    del b["norm.weight"]
+    assert state_mismatch(a, b).startswith("1 missing keys (norm.weight)")
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    first = tiny_vit()
+    save_checkpoint(tmp_path, first, run_config={"n": 1})
+    real_save = safetensors.torch.save_file
+
+    def half_then_die(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as fh:  # a torn write: the file is cut short, then the process "dies"
+            fh.truncate(100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.torch, "save_file", half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, tiny_vit(), run_config={"n": 2})
+    monkeypatch.undo()
+    assert leftovers(tmp_path) == []
+    loaded = load_model(tmp_path)
+    assert all(torch.equal(v, first.state_dict()[k]) for k, v in loaded.state_dict().items())
+
+
+def test_atomic_write_text_replaces_whole_file(tmp_path):
+    path = tmp_path / "a.json"
+    atomic_write_text(path, "old")
+    atomic_write_text(path, "new")
+    assert path.read_text() == "new" and leftovers(tmp_path) == []
+
+
+def test_state_file_with_pickled_objects_is_refused(tmp_path):
+    save_checkpoint(tmp_path, tiny_vit(), train_state={"step": 1})
+    torch.save({"step": 1, "obj": Path("x")}, tmp_path / "state.pt")  # an arbitrary class: needs unpickling code
+    with pytest.raises(CheckpointError, match="cannot be read safely") as exc:
+        load_train_state(tmp_path)
+    one_line(exc)
+
+
+def test_damaged_weights_file(tmp_path):
+    save_checkpoint(tmp_path, tiny_vit())
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(CheckpointError, match="not a readable safetensors") as exc:
+        load_model(tmp_path)
+    one_line(exc)
+
+
+def test_spec_of_unknown_module_is_refused():
+    with pytest.raises(CheckpointError, match="cannot describe") as exc:
+        spec_of(torch.nn.Linear(2, 2))
+    one_line(exc)
