@@ -1,10 +1,22 @@
 """vitlab: build, train, measure and analyse vision transformers that go deeper."""
 
+from typing import Any
+
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
-from vitlab.interop import from_timm, load_pretrained, to_timm
 from vitlab.models import ModelConfig, build_model, create_model, get_config, list_models
 
 __version__ = "0.1.0"
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "ModelConfig", "VitlabError", "__version__",
            "build_model", "create_model", "from_timm", "get_config", "list_models", "load_pretrained", "to_timm"]
+
+_LAZY = {"from_timm", "to_timm", "load_pretrained"}
+
+
+def __getattr__(name: str) -> Any:
+    # timm (and torchvision) load only when interop is used, which keeps `import vitlab` and the CLI quick
+    if name in _LAZY:
+        from vitlab import interop
+
+        return getattr(interop, name)
+    raise AttributeError(f"module 'vitlab' has no attribute {name!r}")

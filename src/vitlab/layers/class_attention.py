@@ -61,9 +61,10 @@ class ClassAttentionBlock(ResidualGates, nn.Module):
                  drop_path: float = 0.0, proj_drop: float = 0.0, attn_drop: float = 0.0,
                  timm_names: bool = True) -> None:
         super().__init__()
-        self.norm1 = norm_layer(dim)
+        # ReZero drops the pre-norms, as in Block
+        self.norm1 = nn.Identity() if gate == "rezero" else norm_layer(dim)
         self.attn = ClassAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
-        self.norm2 = norm_layer(dim)
+        self.norm2 = nn.Identity() if gate == "rezero" else norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
         self.dim = dim
         self._init_gates(dim, gate, init_values, drop_path, timm_names)
@@ -78,5 +79,7 @@ class ClassAttentionBlock(ResidualGates, nn.Module):
         f = self.attn.flop_count(num_tokens, matmul_only=matmul_only)
         f += self.mlp.flop_count(1, matmul_only=matmul_only)
         if not matmul_only:
-            f += self.norm1.flop_count(num_tokens) + self.norm2.flop_count(1) + 2 * self._gate_flops(1)
+            for norm, t in ((self.norm1, num_tokens), (self.norm2, 1)):
+                f += norm.flop_count(t) if hasattr(norm, "flop_count") else 0
+            f += 2 * self._gate_flops(1)
         return f

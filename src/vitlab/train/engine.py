@@ -388,12 +388,7 @@ def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
     """Multiply-accumulates per image: vitlab's ``flop_count()``, else ``FlopCounterMode`` (matmul FLOPs / 2)."""
     if hasattr(model, "flop_count"):
         return int(model.flop_count())
-    from torch.utils.flop_counter import FlopCounterMode
+    from vitlab.flops import torch_flops  # MATH attention backend: the fused CPU kernel is not counted
 
-    was_training = model.training
-    model.eval()
     x = torch.zeros(1, data["in_chans"], data["img_size"], data["img_size"], device=next(model.parameters()).device)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x)
-    model.train(was_training)
-    return counter.get_total_flops() // 2
+    return torch_flops(model, x) // 2
