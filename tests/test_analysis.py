@@ -106,7 +106,7 @@ def test_similarity_matches_the_seed_formula_term_by_term():
         torch.testing.assert_close(cross_layer_similarity(maps, along=along), want, atol=1e-5, rtol=0)
 
 
-def test_column_and_row_similarity_differ_on_a_hand_built_pair():
+def test_column_and_row_similarity_on_hand_built_maps():
     # layer 0 attends to token 0 from every query, layer 1 to token 1: rows orthogonal, columns too
     a = torch.tensor([[1.0, 0.0], [1.0, 0.0]])[None, None]
     b = torch.tensor([[0.0, 1.0], [0.0, 1.0]])[None, None]
@@ -461,8 +461,17 @@ def test_cli_analyze_writes_every_file(tmp_path, capsys):
     assert "--dataset mnist-5k --num-images 12 --show 3" in html
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_images"] == 12
-    assert len({r["image"] for r in read_rows(out / "attention_maps.csv")}) == 3
+    # images are taken class by class, so the three drawn are one digit each
+    assert {r["image"] for r in read_rows(out / "attention_maps.csv")} == {"#0 (0)", "#1 (1)", "#2 (2)"}
     assert "index.html" in capsys.readouterr().out
+
+
+def test_images_are_taken_class_by_class():
+    from vitlab.commands.analyze import classes_in_turn
+
+    labels = torch.tensor([0, 0, 0, 1, 1, 2])
+    assert classes_in_turn(labels, 4).tolist() == [0, 3, 5, 1]
+    assert sorted(classes_in_turn(labels, 100).tolist()) == list(range(6))
 
 
 def test_cli_missing_checkpoint_exits_2_with_one_line(tmp_path, capsys):

@@ -338,7 +338,7 @@ def test_warmup_cosine_schedule():
         lrs.append(opt.param_groups[0]["lr"])
         sched.step()
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert all(a > b for a, b in zip(lrs[3:], lrs[4:]))
+    assert lrs[4] == 1.0 and all(a > b for a, b in zip(lrs[4:], lrs[5:]))
     assert lrs[-1] > 0.01 and sched.lr_at(20) == pytest.approx(0.01)
     again = WarmupCosine(opt, lr=1.0, min_lr=0.01, warmup_steps=4, total_steps=20)
     again.load_state_dict(sched.state_dict())

@@ -19,17 +19,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", required=True, metavar="DIR",
                    help="checkpoint folder: model.safetensors + config.json (written by vitlab train)")
     p.add_argument("--output", required=True, metavar="DIR", help="folder for the figures, tables and index.html")
-    p.add_argument("--dataset", default=None,
+    p.add_argument("--dataset", default=None, metavar="NAME",
                    help=f"images to analyse (test split); default: the checkpoint's run dataset or {DEFAULT_DATASET}")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
-    p.add_argument("--num-images", type=int, default=64, help="test images averaged over (default 64)")
-    p.add_argument("--show", type=int, default=6, help="images drawn in the attention figures (default 6)")
-    p.add_argument("--threshold", type=float, default=0.9,
+    p.add_argument("--num-images", type=int, default=64, metavar="N",
+                   help="test images averaged over, taken class by class in turn (default 64)")
+    p.add_argument("--show", type=int, default=6, metavar="N", help="images drawn in the attention figures (default 6)")
+    p.add_argument("--threshold", type=float, default=0.9, metavar="X",
                    help="similarity above which two blocks count as similar (default 0.9)")
-    p.add_argument("--layer", type=int, default=-1,
+    p.add_argument("--layer", type=int, default=-1, metavar="I",
                    help="attention layer drawn per head (default -1, the last; CaiT: the last class-attention)")
-    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per forward pass (default 32)")
+    p.add_argument("--device", default="auto", metavar="DEV",
+                   help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.set_defaults(func=run)
 
 
@@ -49,6 +51,19 @@ def load_checkpoint(checkpoint: Path) -> tuple[Any, dict]:
                           f"{type(model).__name__}, which records no attention maps; analyse a vitlab model "
                           "(timm weights convert with vitlab.interop)")
     return model, run if isinstance(run, dict) else {}
+
+
+def classes_in_turn(labels: Any, n: int) -> Any:
+    """Indices of ``n`` images taken class by class in turn (first of each class, then second, ...), so the
+    images drawn cover the classes even when a split is sorted by label."""
+    import torch
+
+    rank = torch.empty_like(labels)
+    for c in labels.unique():
+        idx = (labels == c).nonzero().flatten()
+        rank[idx] = torch.arange(len(idx))
+    order = torch.argsort(rank * (int(labels.max()) + 1) + labels, stable=True)
+    return order[:n]
 
 
 def command_line(args: argparse.Namespace, dataset: str, data_dir: str | None) -> list[str]:
@@ -81,9 +96,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--device {args.device} asks for CUDA but none is available; use --device cpu")
     cfg = model.cfg
     _, test = load_dataset(dataset, data_dir=data_dir, img_size=cfg.img_size, in_chans=cfg.in_chans)
-    n = min(args.num_images, len(test))
+    if len(test) == 0:
+        raise ConfigError(f"the test split of {dataset} is empty; pass --dataset / --data-dir with test images")
+    pick = classes_in_turn(test.labels, args.num_images)
     mean, std = normalization(dataset, cfg.in_chans)
-    result = analyze_model(model.to(device), test.images[:n], args.output, labels=test.labels[:n],
+    result = analyze_model(model.to(device), test.images[pick], args.output, labels=test.labels[pick],
                            classes=test.classes, mean=mean, std=std, threshold=args.threshold, num_show=args.show,
                            layer=args.layer, batch_size=args.batch_size, command=command_line(args, dataset, data_dir),
                            title=f"Analysis of {cfg.name or cfg.arch} ({checkpoint.name}) on {dataset}")

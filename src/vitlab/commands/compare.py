@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = base_run_config(args, dataset=args.dataset)
     specs = compare_specs(items, cfg, list(range(args.seeds)))
     out = check_output(args.output)
-    pairs = run_all(specs, out, title="compare", progress=args.progress)
+    pairs = run_all(specs, out, title="compare")
     meta = {"dataset": args.dataset, "models": models, "overrides": sets,
             "pretrained": {e.label: e.init for e in items if e.init}, "seeds": args.seeds,
             "run_config": cfg.to_dict()}

@@ -31,6 +31,9 @@ def register(subparsers: Any) -> None:
                                                              "(default 64)")
     p.add_argument("--threshold", type=float, default=0.9,
                    help="similarity above which two blocks count as similar (default 0.9)")
+    p.add_argument("--analyze-runs", action="store_true",
+                   help="also write each run's full `vitlab analyze` report (attention maps, rollout) into "
+                        "RUN/analysis")
     add_run_options(p)
     p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figures, index.html)")
     p.set_defaults(func=run, _parser=p)
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = base_run_config(args, dataset=args.dataset)
     specs = depth_specs(args.base, depths, variants, list(range(args.seeds)), cfg)
     out = check_output(args.output)
-    pairs = run_all(specs, out, title="depth study", progress=args.progress)
+    pairs = run_all(specs, out, title="depth study")
 
     _, test = load_dataset(args.dataset, data_dir=args.data_dir, img_size=base_model.img_size,
                            in_chans=base_model.in_chans)
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     for i, (spec, summary) in enumerate(pairs):
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
         diag = diagnose(out / spec.name, test.images[:n], test.labels[:n], test.classes, mean, std,
-                        threshold=args.threshold)
+                        threshold=args.threshold, full_report=args.analyze_runs)
         rows.append(result_row(spec, summary, diag))
         ratios, layers = per_layer_rows(spec, diag)
         ratio_rows += ratios

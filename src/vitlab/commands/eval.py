@@ -20,12 +20,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--model", help="the architecture you expect (preset or timm:NAME); a checkpoint of "
                    "another one is refused")
+    p.add_argument("--amp", choices=("auto", "bf16", "off"), help="bf16 autocast (default: as in training)")
     p.add_argument("--no-download", dest="download", action="store_false")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
+
+    import torch
 
     from vitlab.data import load_dataset
     from vitlab.errors import ConfigError, DataError
@@ -60,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     mean, std = checkpoint_normalization(config, dataset, in_chans)
     model = model.to(device)
     test.images, test.labels = test.images.to(device), test.labels.to(device)
-    m = evaluate(model, test, mean=mean, std=std, batch_size=args.batch_size, device=device)
+    amp = args.amp or run_cfg.get("amp", "off")
+    amp_dtype = torch.bfloat16 if amp == "bf16" or (amp == "auto" and device.type == "cuda") else None
+    m = evaluate(model, test, mean=mean, std=std, batch_size=args.batch_size, device=device, amp_dtype=amp_dtype)
     out_dir = Path(args.output) if args.output else Path(args.checkpoint)
     if out_dir.is_file():
         out_dir = out_dir.parent

@@ -56,11 +56,12 @@ def run(args: argparse.Namespace) -> int:
     base = base_run_config(args, dataset=args.dataset)
     specs = sweep_specs(args.model, params, list(range(args.seeds)), base, fixed)
     out = check_output(args.output)
-    pairs = run_all(specs, out, title="sweep", progress=args.progress)
+    pairs = run_all(specs, out, title="sweep")
     title = f"Sweep of {args.model} on {args.dataset}"
     meta = {"model": args.model, "dataset": args.dataset, "seeds": args.seeds, "fixed_overrides": fixed,
             "run_config": base.to_dict()}
-    result = write_sweep(out, pairs, params, title=title, command=command_line(args), meta=meta)
+    command = command_line(args, paired=("param", "values"))
+    result = write_sweep(out, pairs, params, title=title, command=command, meta=meta)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
         print(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "

@@ -363,10 +363,11 @@ def model_cost(preset: str, overrides: dict[str, Any]) -> tuple[int, int]:
 
 # ---- commands --------------------------------------------------------------------------------------------
 
-def command_line(args: argparse.Namespace) -> str:
+def command_line(args: argparse.Namespace, paired: tuple[str, str] | None = None) -> str:
     """The exact command that ran: ``vitlab COMMAND`` and every option with the value used.
 
-    The sub-command registers its parser as ``args._parser`` (``p.set_defaults(_parser=p)``).
+    The sub-command registers its parser as ``args._parser`` (``p.set_defaults(_parser=p)``). ``paired``
+    names two repeated options written alternately (``--param A --values 1,2 --param B --values 3``).
     """
     parser: argparse.ArgumentParser = args._parser
     words = ["vitlab", args.command]
@@ -375,6 +376,12 @@ def command_line(args: argparse.Namespace) -> str:
             continue
         value = getattr(args, action.dest, None)
         flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if paired and action.dest in paired:
+            if action.dest == paired[0]:
+                second = getattr(args, paired[1]) or []
+                for a, b in zip(value or [], second):
+                    words += [flag, str(a), f"--{paired[1].replace('_', '-')}", str(b)]
+            continue
         if isinstance(action, argparse._StoreTrueAction):
             if value:
                 words.append(flag)

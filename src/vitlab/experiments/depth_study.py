@@ -96,25 +96,40 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
 
 
 def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: tuple, std: tuple, *,
-             threshold: float, batch_size: int = 32) -> dict[str, Any]:
-    """``vitlab analyze`` of the run's checkpoint into ``run_dir/analysis`` (read back when it exists); returns
-    its summary.json (collapse groups and residual ratios)."""
-    from vitlab.analysis import analyze_model
+             threshold: float, batch_size: int = 32, full_report: bool = False) -> dict[str, Any]:
+    """Attention collapse and residual ratios of the run's checkpoint on ``images`` (uint8 test images), saved
+    as ``run_dir/diagnostics.json`` and read back when it exists with the same settings. ``full_report``
+    also writes the whole ``vitlab analyze`` report (attention maps, rollout...) into ``run_dir/analysis``."""
+    import torch
+
+    from vitlab.analysis import SimilarityMeter, analyze_model, residual_ratios, write_json
+    from vitlab.analysis.analyze import model_inputs
     from vitlab.train.checkpoint import load_model
 
-    out = run_dir / "analysis"
-    done = out / "summary.json"
-    if done.is_file():
-        summary = json.loads(done.read_text())
-        if summary.get("threshold") == threshold and summary.get("num_images") == len(images):
-            return summary
-    model = load_model(run_dir)
-    cmd = ["vitlab", "analyze", "--checkpoint", str(run_dir), "--output", str(out), "--num-images",
-           str(len(images)), "--threshold", f"{threshold:g}"]
-    result = analyze_model(model, images, out, labels=labels, classes=classes, mean=mean, std=std,
-                           threshold=threshold, batch_size=batch_size, command=cmd,
-                           title=f"Analysis of {run_dir.name}")
-    return result.summary
+    path = run_dir / "diagnostics.json"
+    if path.is_file() and not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
+        diag = json.loads(path.read_text())
+        if diag.get("threshold") == threshold and diag.get("num_images") == len(images):
+            return diag
+    model = load_model(run_dir).eval()
+    if full_report:
+        cmd = ["vitlab", "analyze", "--checkpoint", str(run_dir), "--output", str(run_dir / "analysis"),
+               "--num-images", str(len(images)), "--threshold", f"{threshold:g}"]
+        analyze_model(model, images, run_dir / "analysis", labels=labels, classes=classes, mean=mean, std=std,
+                      threshold=threshold, batch_size=batch_size, command=cmd, title=f"Analysis of {run_dir.name}")
+    x = model_inputs(model, images, mean, std)
+    meter = SimilarityMeter(threshold)
+    with torch.no_grad():
+        for chunk in x.split(batch_size):
+            meter.update(model.attention_maps(chunk))
+    groups = meter.compute()
+    diag = {"threshold": threshold, "num_images": len(images),
+            "collapse": [{"group": g.name, "along": g.along, "layers": g.layers,
+                          "mean_similarity": g.mean_off_diagonal(), "similar_blocks": g.similar.tolist(),
+                          "similarity": g.similarity.tolist()} for g in groups],
+            "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)]}
+    write_json(path, diag)
+    return diag
 
 
 def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
@@ -304,7 +319,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                 ["residual_ratios.csv"]),
         Section("Variants", "Every variant uses the base preset's width, heads, image and patch size, position "
                 "embedding and the same recipe; results.csv records the exact overrides of each run. Each run's "
-                "folder holds its checkpoint and an analysis/ folder with the full `vitlab analyze` report.",
+                "folder holds its checkpoint and diagnostics.json (with --analyze-runs also an analysis/ folder "
+                "holding the full `vitlab analyze` report: attention maps per head, rollout).",
                 [], [variants_rows]),
         Section("Every run", "", [], ["results.csv"]),
         Section("Settings", "", [], [[{"setting": k, "value": json.dumps(v) if not isinstance(v, str) else v}

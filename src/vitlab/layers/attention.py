@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -58,9 +59,23 @@ def record_attention(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
             m._maps = None
 
 
+def mix_heads(attn: Tensor, mix: nn.Linear) -> Tensor:
+    """``mix`` applied over the head axis of ``(B, H, T_q, T_k)`` maps (talking heads), as one batched
+    matmul on the contiguous maps: the same sums as ``mix(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)``
+    without the two permuted copies."""
+    B, H, Tq, Tk = attn.shape
+    G = mix.out_features
+    bias = mix.bias.view(1, G, 1).expand(B, G, Tq * Tk) if mix.bias is not None else attn.new_zeros(())
+    out = torch.baddbmm(bias, mix.weight.expand(B, G, H), attn.reshape(B, H, Tq * Tk),
+                        beta=1 if mix.bias is not None else 0)  # (B, G, Tq * Tk)
+    return out.view(B, G, Tq, Tk)
+
+
 class Attention(AttentionBase):
     """``softmax(Q K^T / sqrt(d)) V`` over ``heads`` (timm names ``qkv``, ``q_norm``, ``k_norm``, ``proj``;
     talking heads adds ``proj_l`` and ``proj_w`` as timm's CaiT)."""
+
+    explicit_max_tokens = 32  # the CPU crossover measured in benchmarks/README.md
 
     def __init__(self, dim: int, num_heads: int = 8, *, qkv_bias: bool = True, qk_norm: bool = False,
                  talking_heads: bool = False, norm_layer: type[nn.Module] = LayerNorm,
@@ -79,28 +94,40 @@ class Attention(AttentionBase):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.fused: bool | None = None  # None: the faster path per call; True: SDPA; False: explicit
 
     def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:
         B, T, C = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        explicit = self.recording or self.talking_heads or self._explicit_is_faster(x, T)
+        if explicit:
+            qkv = qkv.contiguous()  # one copy, so the batched matmuls below need none
         q, k, v = qkv.unbind(0)  # (B, H, T, d) each
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        if self.recording or self.talking_heads:
+        if explicit:
             x = self._explicit(q, k, v)
         else:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         x = x.transpose(1, 2).reshape(B, T, C)  # (B, H, T, d) -> (B, T, C)
         return self.proj_drop(self.proj(x))
 
+    def _explicit_is_faster(self, x: Tensor, num_tokens: int) -> bool:
+        """``fused`` None picks per call: on CPU with autograd, few tokens and no attention dropout, the
+        explicit batched matmuls beat the fused kernel (whose backward is slow on tiny heads)."""
+        if self.fused is not None:
+            return not self.fused
+        return (x.device.type == "cpu" and torch.is_grad_enabled() and num_tokens <= self.explicit_max_tokens
+                and not (self.training and self.attn_drop.p > 0))
+
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
         if self.talking_heads:
-            attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # mix heads before softmax
+            attn = mix_heads(attn, self.proj_l)  # mix heads before the softmax
         attn = attn.softmax(dim=-1)
         if self.talking_heads:
-            attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # and after
+            attn = mix_heads(attn, self.proj_w)  # and after
         self._record(attn)
         return self.attn_drop(attn) @ v  # (B, H, T, d)
 

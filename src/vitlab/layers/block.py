@@ -46,14 +46,17 @@ class ResidualGates:
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _residual(self, i: int, x: Tensor, y: Tensor) -> Tensor:
-        branch = y * getattr(self, f"gamma_{i}") if self._param_gates else getattr(self, f"ls{i}")(y)
+        if self._param_gates:
+            branch = y * (self.gamma_1 if i == 1 else self.gamma_2)
+        else:
+            branch = (self.ls1 if i == 1 else self.ls2)(y)
         if self._ratios is not None:
             ratio = branch.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1).clamp_min(1e-12)  # (B,)
             if i == 1:
                 self._ratios.append({"attn": ratio.detach()})
             else:
                 self._ratios[-1]["mlp"] = ratio.detach()
-        return x + getattr(self, f"drop_path{i}")(branch)
+        return x + (self.drop_path1 if i == 1 else self.drop_path2)(branch)
 
     def _gate_flops(self, num_tokens: int) -> int:
         if self._param_gates or isinstance(self.ls1, LayerScale):

@@ -80,6 +80,9 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict |
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for name in (STATE, WEIGHTS, CONFIG):  # temporaries a SIGKILL left mid-write (this is the only writer)
+        for stale in out.glob(f".{name}.*.tmp"):
+            stale.unlink(missing_ok=True)
     config = {"format": FORMAT, "model": spec_of(model), "run": run_config, "vitlab_version": __version__}
     if train_state is not None:
         buf = io.BytesIO()

@@ -221,6 +221,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         detail = str(exc).replace("\n", " ")
         raise ConfigError(f"config file {path} is not valid YAML ({detail}); fix the syntax") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read as UTF-8 text ({exc}); pass a YAML text file") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -8,6 +8,7 @@ stops the run (or with ``skip_nonfinite`` skips the step) and keeps the last goo
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -88,6 +89,11 @@ class Trainer:
         self._set_threads(cfg)
         state = load_train_state(resume) if resume is not None else None
         img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
+        if state is not None:  # refuse another architecture before loading any data
+            classes = (read_config(resume).get("run") or {}).get("data", {}).get("classes") or []
+            probe = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(classes), img_size=img_size,
+                                   in_chans=in_chans)
+            self._check_architecture(probe, state, resume)
         train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
                                                in_chans=in_chans, download=cfg.download and ctx.is_main)
         train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
@@ -190,13 +196,17 @@ class Trainer:
                     shutil.copyfile(src, out / METRICS)
         return out
 
-    def _restore(self, state: dict[str, Any], resume: str | Path) -> None:
-        problem = state_mismatch(self.model.state_dict(), state["model"])
+    @staticmethod
+    def _check_architecture(model: nn.Module, state: dict[str, Any], resume: str | Path) -> None:
+        problem = state_mismatch(model.state_dict(), state["model"])
         if problem:
             saved = read_config(resume)["model"]
             raise CheckpointError(f"cannot resume {resume}: it holds a {spec_label(saved)} model but this run "
-                                  f"builds a {spec_label(spec_of(self.model))} model: {problem}; resume without "
+                                  f"builds a {spec_label(spec_of(model))} model: {problem}; resume without "
                                   "--model / model flags, or start a new run")
+
+    def _restore(self, state: dict[str, Any], resume: str | Path) -> None:
+        self._check_architecture(self.model, state, resume)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -317,9 +327,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         finite = torch.isfinite(loss.detach())
-        if cfg.clip_grad:
-            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
-            finite = finite & torch.isfinite(norm)
+        # the gradient norm is checked even without clipping (max_norm inf scales by exactly 1): a finite loss
+        # with NaN/inf gradients would otherwise poison the weights and the next checkpoint
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or float("inf"))
+        finite = finite & torch.isfinite(norm)
         stats = torch.stack([loss.detach().float() * len(idx), torch.tensor(float(len(idx)), device=loss.device),
                              (~finite).float(), torch.tensor(float(self.stop.requested), device=loss.device)])
         stats = ctx.all_reduce_sum(stats.double()).tolist()
@@ -357,7 +368,8 @@ class Trainer:
         where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress['global_step']})"
         kept = f"the last good checkpoint in {self.out_dir} is kept" if (self.out_dir / CONFIG).exists() \
             else "no checkpoint was saved yet"
-        return NonFiniteLoss(f"non-finite loss ({loss}) at {where}; likely {' or '.join(causes)}; {kept}; "
+        what = f"loss ({loss})" if not math.isfinite(loss) else f"gradient norm (loss {loss:.4g})"
+        return NonFiniteLoss(f"non-finite {what} at {where}; likely {' or '.join(causes)}; {kept}; "
                              "--skip-nonfinite skips such steps instead")
 
     def _interrupted(self) -> TrainResult:

@@ -1,0 +1,494 @@
+"""Tests of vitlab.experiments and the study commands: value parsing, skipping finished runs (counted trainer
+calls), the numbers behind every figure (mean/std over seeds, fitted exponents, MAC splits), and each command
+end to end on tiny models."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitlab.cli import main
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.experiments import common
+from vitlab.experiments.common import (
+    RunSpec,
+    aggregate,
+    fit_power_law,
+    mean_std,
+    parse_ints,
+    parse_typed,
+    run_all,
+)
+from vitlab.experiments.complexity import fit_rows, measure_size, saved_activation_bytes, split_macs
+from vitlab.experiments.sweep import (
+    aggregate_rows,
+    figure_series,
+    parse_param,
+    parse_params,
+    sweep_specs,
+    write_sweep,
+)
+from vitlab.models import create_model, get_config
+from vitlab.train.config import RunConfig
+
+TINY_RUN = ["--epochs", "1", "--limit-train", "64", "--limit-test", "32", "--batch-size", "32", "--threads", "1",
+            "--no-progress"]
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+class FakeTrainer:
+    """Stands in for the trainer: counts calls and writes a summary.json whose accuracy is a known function."""
+
+    def __init__(self, acc=lambda cfg: 0.5) -> None:
+        self.calls: list[RunConfig] = []
+        self.acc = acc
+
+    def __call__(self, cfg: RunConfig, init: str | None = None) -> dict:
+        self.calls.append(cfg)
+        summary = {"final_test_acc": self.acc(cfg), "best_test_acc": self.acc(cfg), "train_time_s": 1.0 + cfg.seed,
+                   "wall_time_s": 2.0 + cfg.seed, "epochs": 1, "params": 1000, "macs": 5000}
+        (Path(cfg.output) / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+
+# ---------------------------------------------------------------- values
+
+
+def test_parse_typed_follows_the_field_type():
+    assert parse_typed("64", int, "x") == 64
+    assert parse_typed("0.5", float, "x") == 0.5
+    assert parse_typed("true", bool, "x") is True and parse_typed("0", bool, "x") is False
+    assert parse_typed("none", float | None, "x") is None
+    assert parse_typed("1e-5", float | None, "x") == 1e-5
+    with pytest.raises(ConfigError, match="not an integer"):
+        parse_typed("3.5", int, "x")
+    with pytest.raises(ConfigError, match="not a boolean"):
+        parse_typed("maybe", bool, "x")
+    with pytest.raises(ConfigError, match="not a number"):
+        parse_typed("abc", float, "x")
+
+
+def test_parse_param_types_and_kinds():
+    p = parse_param("vit_mnist", "embed_dim", "32,64,128")
+    assert (p.kind, p.values, p.numeric) == ("model", [32, 64, 128], True)
+    assert parse_param("vit_mnist", "mlp_ratio", "2,4").values == [2.0, 4.0]
+    assert parse_param("vit_mnist", "gate", "none,layerscale").values == ["none", "layerscale"]
+    assert parse_param("vit_mnist", "qkv_bias", "true,false").values == [True, False]
+    assert parse_param("vit_mnist", "init_values", "none,0.1").values == [None, 0.1]
+    lr = parse_param("vit_mnist", "lr", "1e-3,2e-3")
+    assert (lr.kind, lr.values) == ("run", [1e-3, 2e-3])
+    assert parse_param("timm:vit_tiny_patch16_224", "depth", "2,4").values == [2, 4]
+
+
+def test_parse_param_errors_name_the_fix():
+    with pytest.raises(ConfigError, match="did you mean embed_dim"):
+        parse_param("vit_mnist", "embed_dims", "32")
+    with pytest.raises(ConfigError, match="repeats 32"):
+        parse_param("vit_mnist", "embed_dim", "32,32")
+    with pytest.raises(ConfigError, match="is empty"):
+        parse_param("vit_mnist", "embed_dim", " , ")
+    with pytest.raises(ConfigError, match="one --values after each --param"):
+        parse_params("vit_mnist", ["embed_dim", "depth"], ["32"])
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_params("vit_mnist", ["depth", "depth"], ["1", "2"])
+    with pytest.raises(ConfigError, match=">= 1"):
+        parse_ints("4,0", "--depths")
+
+
+# ---------------------------------------------------------------- numbers behind the figures
+
+
+def test_mean_std_and_aggregate_over_seeds():
+    assert mean_std([0.9, 0.95, 0.97]) == pytest.approx((statistics.fmean([0.9, 0.95, 0.97]),
+                                                         statistics.stdev([0.9, 0.95, 0.97])))
+    assert mean_std([0.8]) == (0.8, 0.0)
+    m, s = mean_std([float("nan")])
+    assert math.isnan(m) and math.isnan(s)
+    rows = [{"d": 32, "seed": 0, "acc": 0.90}, {"d": 64, "seed": 0, "acc": 0.95}, {"d": 32, "seed": 1, "acc": 0.92},
+            {"d": 64, "seed": 1, "acc": 0.99}, {"d": 32, "seed": 2, "acc": 0.94}]
+    agg = aggregate(rows, ["d"], ["acc"])
+    assert [a["d"] for a in agg] == [32, 64] and [a["n"] for a in agg] == [3, 2]
+    assert agg[0]["acc_mean"] == pytest.approx(0.92) and agg[0]["acc_std"] == pytest.approx(0.02)
+    assert agg[1]["acc_mean"] == pytest.approx(0.97) and agg[1]["acc_std"] == pytest.approx(0.04 / math.sqrt(2))
+
+
+def test_fit_power_law_recovers_the_exponent():
+    tokens = [17, 65, 145, 257, 1025]
+    a, b = fit_power_law(tokens, [3e-7 * t ** 2 for t in tokens])
+    assert b == pytest.approx(2.0) and math.exp(a) == pytest.approx(3e-7)
+    assert fit_power_law(tokens, [5.0 * t for t in tokens])[1] == pytest.approx(1.0)
+    # a mix of a linear and a quadratic term lies between, closer to 2 at the large end
+    mixed = [t * 1000 + t ** 2 for t in tokens]
+    assert 1.0 < fit_power_law(tokens, mixed)[1] < 2.0
+    assert fit_power_law(tokens[-2:], mixed[-2:])[1] > fit_power_law(tokens[:2], mixed[:2])[1]
+    with pytest.raises(ConfigError, match="two distinct"):
+        fit_power_law([4, 4], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("img_size", [14, 28, 56])
+def test_split_macs_isolates_the_attention_term(img_size):
+    model = create_model("vit_mnist", img_size=img_size, depth=2)
+    t, c, h = model.num_patches + 1, 64, 8
+    linear, attention = split_macs(model)
+    assert linear + attention == model.flop_count()
+    assert attention == 2 * (2 * t * t * c + h * t * t)  # per block: QK^T and AV, softmax division
+    cait = create_model("cait_xxs24", img_size=img_size, patch_size=7, in_chans=1, embed_dim=64, num_heads=4,
+                        depth=2, depth_token_only=2)
+    n = cait.num_patches
+    # self-attention blocks on the patches only: QK^T, AV, softmax and talking heads (two h x h mixes);
+    # class-attention is linear in the tokens
+    assert split_macs(cait)[1] == 2 * (2 * n * n * 64 + 4 * n * n + 2 * n * n * 4 * 4)
+
+
+def test_fit_rows_on_the_analytic_macs():
+    points = []
+    for size in (14, 28, 56):
+        model = create_model("vit_mnist", img_size=size, depth=1)
+        lin, att = split_macs(model)
+        points.append(type("P", (), dict(tokens=model.num_patches + 1, forward_s=1e-6 * (model.num_patches + 1) ** 2,
+                                         forward_backward_s=1.0, memory_bytes=1, macs=lin + att, linear_macs=lin,
+                                         attention_macs=att))())
+    fits = {r["quantity"]: r for r in fit_rows(points)}
+    assert fits["attention_macs"]["exponent"] == pytest.approx(2.0)
+    assert fits["forward_s"]["exponent"] == pytest.approx(2.0)
+    assert fits["forward_backward_s"]["exponent"] == pytest.approx(0.0, abs=1e-12)
+    assert 1.0 < fits["macs"]["exponent"] < 2.0
+    assert fits["linear_macs"]["exponent"] == pytest.approx(1.0, abs=0.02)  # the head is a constant
+
+
+def test_saved_activations_hold_the_attention_maps_only_with_the_math_kernel():
+    from vitlab.experiments.complexity import attention_backend
+
+    model = create_model("vit_mnist", depth=1, img_size=56).train()
+    x = torch.randn(2, 1, 56, 56)
+    t, heads = model.num_patches + 1, 8
+    fused = saved_activation_bytes(model, x)
+    with attention_backend("math"):
+        math_bytes = saved_activation_bytes(model, x)
+    # the math kernel keeps the (B, H, T, T) float32 map; the fused one only q, k, v and its output
+    assert math_bytes - fused >= 0.9 * 2 * heads * t * t * 4
+    assert saved_activation_bytes(model, torch.randn(4, 1, 56, 56)) == pytest.approx(2 * fused, rel=0.05)
+    with pytest.raises(ConfigError, match="unknown attention backend"):
+        attention_backend("flash3")
+
+
+def test_measure_size_reports_one_point():
+    point = measure_size(create_model("vit_mnist", depth=1), batch_size=2, repeats=1, device=torch.device("cpu"))
+    assert point.tokens == 17 and point.img_size == 28 and point.memory_kind == "saved_activations"
+    assert point.forward_s > 0 and point.forward_backward_s > 0 and point.memory_bytes > 0
+    assert point.linear_macs + point.attention_macs == point.macs
+
+
+# ---------------------------------------------------------------- runs and skipping
+
+
+def test_run_all_skips_finished_runs(tmp_path: Path, capsys):
+    specs = [RunSpec(f"run{i}", RunConfig(seed=i), {"seed": i}) for i in range(3)]
+    trainer = FakeTrainer()
+    first = run_all(specs, tmp_path, trainer=trainer)
+    assert len(trainer.calls) == 3 and [s["train_time_s"] for _, s in first] == [1.0, 2.0, 3.0]
+    assert [Path(c.output).name for c in trainer.calls] == ["run0", "run1", "run2"]
+    assert "[3/3]" in capsys.readouterr().err
+    again = run_all(specs, tmp_path, trainer=trainer)
+    assert len(trainer.calls) == 3 and [s for _, s in again] == [s for _, s in first]
+    (tmp_path / "run1" / "summary.json").unlink()  # an unfinished run is redone, the others are read
+    run_all(specs, tmp_path, trainer=trainer)
+    assert len(trainer.calls) == 4 and trainer.calls[-1].seed == 1
+    (tmp_path / "run2" / "summary.json").write_text("{torn")
+    run_all(specs, tmp_path, trainer=trainer)
+    assert len(trainer.calls) == 5 and trainer.calls[-1].seed == 2
+    with pytest.raises(ConfigError, match="share the folder"):
+        run_all(specs + specs[:1], tmp_path, trainer=trainer)
+
+
+def test_sweep_specs_make_a_validated_grid():
+    params = parse_params("vit_mnist", ["embed_dim", "depth", "lr"], ["32,64", "1,2", "0.001"])
+    specs = sweep_specs("vit_mnist", params, [0, 1], RunConfig(epochs=1), {"mlp_ratio": 2.0})
+    assert len(specs) == 8 and len({s.name for s in specs}) == 8
+    s = specs[-1]
+    assert s.name == "embed_dim=64_depth=2_lr=0.001_seed=1"
+    assert s.config.model_overrides == {"mlp_ratio": 2.0, "embed_dim": 64, "depth": 2}
+    assert (s.config.lr, s.config.seed, s.config.epochs) == (0.001, 1, 1)
+    bad = parse_params("vit_mnist", ["num_heads"], ["8,3"])
+    with pytest.raises(ConfigError, match="num_heads=3 is invalid.*does not divide"):
+        sweep_specs("vit_mnist", bad, [0], RunConfig(), {})
+
+
+def test_sweep_tables_and_figure_numbers(tmp_path: Path):
+    params = parse_params("vit_mnist", ["embed_dim", "depth"], ["16,32", "1,2"])
+    specs = sweep_specs("vit_mnist", params, [0, 1, 2], RunConfig(epochs=1), {})
+    accs = {("16", "1"): [0.5, 0.6, 0.7], ("16", "2"): [0.6, 0.6, 0.6], ("32", "1"): [0.8, 0.9, 1.0],
+            ("32", "2"): [0.7, 0.75, 0.8]}
+
+    def acc(cfg: RunConfig) -> float:
+        o = cfg.model_overrides
+        return accs[(str(o["embed_dim"]), str(o["depth"]))][cfg.seed]
+
+    pairs = run_all(specs, tmp_path, trainer=FakeTrainer(acc), progress=False)
+    result = write_sweep(tmp_path, pairs, params, title="t", command="vitlab sweep", meta={"model": "vit_mnist"})
+    rows = read_rows(tmp_path / "results.csv")
+    assert len(rows) == 12 and {"embed_dim", "depth", "seed", "test_acc", "params", "macs", "flops",
+                                "train_time_s"} <= set(rows[0])
+    assert rows[0]["flops"] == "10000"
+    summary = {(r["embed_dim"], r["depth"]): r for r in read_rows(tmp_path / "summary.csv")}
+    for key, values in accs.items():
+        assert float(summary[key]["test_acc_mean"]) == pytest.approx(statistics.fmean(values))
+        assert float(summary[key]["test_acc_std"]) == pytest.approx(statistics.stdev(values))
+        assert float(summary[key]["train_time_s_mean"]) == pytest.approx(2.0)  # seeds 0, 1, 2 -> 1, 2, 3 s
+    series = figure_series(aggregate_rows(result["rows"], params), params[0], params)
+    assert [s.label for s in series] == ["depth=1", "depth=2"]
+    assert series[0].x == [16, 32]
+    assert series[0].acc_mean == pytest.approx([0.6, 0.9]) and series[0].acc_std == pytest.approx([0.1, 0.1])
+    assert series[1].acc_mean == pytest.approx([0.6, 0.75]) and series[1].acc_std == pytest.approx([0.0, 0.05])
+    by_depth = figure_series(aggregate_rows(result["rows"], params), params[1], params)
+    assert [s.label for s in by_depth] == ["embed_dim=16", "embed_dim=32"] and by_depth[1].x == [1, 2]
+    for name in ("sweep_embed_dim.png", "sweep_depth.png", "index.html", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "Best mean test accuracy 90.00%" in result["text"]
+
+
+# ---------------------------------------------------------------- the commands end to end
+
+
+def test_sweep_command_end_to_end_and_resume(tmp_path: Path, monkeypatch, capsys):
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--param", "embed_dim", "--values", "16,32", "--set", "depth=1", *TINY_RUN, "--output", str(out)]
+    assert main(argv) == 0
+    rows = read_rows(out / "results.csv")
+    assert [r["embed_dim"] for r in rows] == ["16", "32"]
+    assert all(0.0 <= float(r["test_acc"]) <= 1.0 and float(r["train_time_s"]) > 0 for r in rows)
+    assert int(rows[1]["params"]) > int(rows[0]["params"])
+    assert rows[0]["macs"] == str(create_model("vit_mnist", depth=1, embed_dim=16).flop_count())
+    page = (out / "index.html").read_text()
+    assert "sweep_embed_dim.png" in page and "--param embed_dim --values 16,32 --seeds 1" in page and "torch" in page
+    calls = []
+    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert calls == [] and "already finished" in capsys.readouterr().err
+    assert read_rows(out / "results.csv") == rows
+
+
+def test_sweep_command_errors(tmp_path: Path, capsys):
+    assert main(["sweep", "--param", "embed_dimm", "--values", "16", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean embed_dim" in err
+    assert main(["sweep", "--param", "depth", "--values", "1", "--set", "depth=2", "--output", str(tmp_path)]) == 2
+    assert "swept by --param and fixed by --set" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_complexity_command(tmp_path: Path, capsys):
+    out = tmp_path / "cx"
+    assert main(["complexity", "--img-sizes", "14,28,42", "--set", "depth=1", "--repeats", "1", "--batch-size", "2",
+                 "--threads", "1", "--output", str(out)]) == 0
+    rows = read_rows(out / "complexity.csv")
+    assert [int(r["tokens"]) for r in rows] == [5, 17, 37]
+    for r in rows:
+        model = create_model("vit_mnist", depth=1, img_size=int(r["img_size"]))
+        assert int(r["macs"]) == model.flop_count()
+        assert int(r["linear_macs"]) + int(r["attention_macs"]) == int(r["macs"])
+    fits = {r["quantity"]: r for r in read_rows(out / "fits.csv")}
+    assert float(fits["attention_macs"]["exponent"]) == pytest.approx(2.0)
+    tokens = [int(r["tokens"]) for r in rows]
+    assert float(fits["forward_s"]["exponent"]) == pytest.approx(
+        fit_power_law(tokens, [float(r["forward_s"]) for r in rows])[1])
+    assert (out / "complexity.png").stat().st_size > 0 and "complexity.png" in (out / "index.html").read_text()
+    assert main(["complexity", "--img-sizes", "28,30", "--output", str(tmp_path / "bad")]) == 2
+    assert "not multiples of the patch size 7" in capsys.readouterr().err
+    assert main(["complexity", "--img-sizes", "28", "--output", str(tmp_path / "bad")]) == 2
+    assert "at least two image sizes" in capsys.readouterr().err
+
+
+def test_depth_study_variants_share_the_width():
+    from vitlab.experiments.depth_study import parse_variants, variant_model
+    from vitlab.layers import cait_init_value
+
+    base = get_config("vit_mnist")
+    for depth in (4, 20, 30):
+        _, vit = variant_model("vit", "vit_mnist", depth)
+        assert vit == {"depth": depth, "gate": "none"}
+        _, ls = variant_model("layerscale", "vit_mnist", depth)
+        assert ls == {"depth": depth, "gate": "layerscale", "init_values": cait_init_value(depth)}
+        assert variant_model("rezero", "vit_mnist", depth)[1]["gate"] == "rezero"
+        assert variant_model("skipinit", "vit_mnist", depth)[1]["gate"] == "skipinit"
+        assert variant_model("deepvit", "vit_mnist", depth)[1]["attn"] == "reattention"
+        preset, cait = variant_model("cait", "vit_mnist", depth)
+        cfg = get_config(preset, **cait)
+        assert (cfg.arch, cfg.depth, cfg.depth_token_only, cfg.init_values) == ("cait", depth, 2,
+                                                                                 cait_init_value(depth))
+        for key in ("embed_dim", "num_heads", "img_size", "patch_size", "in_chans", "mlp_ratio"):
+            assert getattr(cfg, key) == getattr(base, key)
+    assert parse_variants("vit,cait,vit") == ["vit", "cait"]
+    with pytest.raises(ConfigError, match="did you mean layerscale"):
+        parse_variants("layerscal")
+
+
+def test_depth_study_diagnostic_columns():
+    from vitlab.experiments.depth_study import diagnostic_columns
+
+    diag = {"collapse": [{"group": "self_attention", "layers": [0, 1, 2], "mean_similarity": 0.7,
+                          "similar_blocks": [1, 1, 0], "similarity": [[1, .95, .3], [.95, 1, .4], [.3, .4, 1]]}],
+            "residual_ratios": [{"kind": "self_attention", "attn_mean": a, "mlp_mean": m}
+                                for a, m in ((0.1, 0.2), (0.3, 0.4), (0.5, 0.6))]
+            + [{"kind": "class_attention", "attn_mean": 9.0, "mlp_mean": 9.0}]}
+    cols = diagnostic_columns(diag)
+    assert cols["mean_similarity"] == 0.7 and cols["layers_with_similar"] == 2
+    assert cols["similar_fraction"] == pytest.approx(2 / 3) and cols["mean_similar_blocks"] == pytest.approx(2 / 3)
+    assert cols["ratio_attn_mean"] == pytest.approx(0.3) and cols["ratio_mlp_mean"] == pytest.approx(0.4)
+    assert cols["ratio_attn_last"] == 0.5
+
+
+def test_depth_study_curves_average_over_seeds():
+    from vitlab.experiments.depth_study import aggregate_rows as depth_aggregate
+    from vitlab.experiments.depth_study import curves
+
+    rows = []
+    for variant, depth, seed, acc in (("vit", 8, 0, 0.90), ("vit", 8, 1, 0.94), ("vit", 4, 0, 0.95),
+                                      ("vit", 4, 1, 0.97), ("cait", 4, 0, 0.96), ("cait", 8, 0, 0.98)):
+        rows.append({"variant": variant, "depth": depth, "seed": seed, "test_acc": acc, "best_test_acc": acc,
+                     "train_time_s": 1.0, "params": depth, "macs": 2 * depth, "mean_similarity": acc / 2,
+                     "similar_fraction": 0.5, "mean_similar_blocks": 1.0, "ratio_attn_mean": 0.1,
+                     "ratio_mlp_mean": 0.2})
+    lines = curves(depth_aggregate(rows), "test_acc", ["vit", "cait", "rezero"])
+    assert list(lines) == ["vit", "cait"]
+    depths, means, stds = lines["vit"]
+    assert depths == [4, 8] and means == pytest.approx([0.96, 0.92])
+    assert stds == pytest.approx([statistics.stdev([0.95, 0.97]), statistics.stdev([0.90, 0.94])])
+    assert lines["cait"] == ([4, 8], pytest.approx([0.96, 0.98]), [0.0, 0.0])
+    assert curves(depth_aggregate(rows), "mean_similarity", ["vit"])["vit"][1] == pytest.approx([0.48, 0.46])
+
+
+def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):
+    from vitlab.analysis import collapse_groups, residual_ratios
+    from vitlab.data import normalize
+    from vitlab.experiments.depth_study import diagnose
+    from vitlab.train.checkpoint import save_checkpoint
+
+    model = create_model("vit_mnist", depth=3, gate="layerscale", init_values=0.1).eval()
+    save_checkpoint(tmp_path, model)
+    images = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    mean, std = (0.1307,), (0.3081,)
+    diag = diagnose(tmp_path, images, None, [], mean, std, threshold=0.5, batch_size=4)
+    x = normalize(images, mean, std)
+    with torch.no_grad():
+        group = collapse_groups(model.attention_maps(x), threshold=0.5)[0]
+    assert diag["collapse"][0]["layers"] == [0, 1, 2]
+    assert torch.allclose(torch.tensor(diag["collapse"][0]["similarity"]), group.similarity, atol=1e-5)
+    assert diag["collapse"][0]["similar_blocks"] == group.similar.tolist()
+    expected = residual_ratios(model, x)
+    assert [r["attn_mean"] for r in diag["residual_ratios"]] == pytest.approx([r.attn_mean for r in expected])
+    stamp = (tmp_path / "diagnostics.json").stat().st_mtime_ns
+    assert diagnose(tmp_path, images, None, [], mean, std, threshold=0.5) == json.loads(
+        (tmp_path / "diagnostics.json").read_text())
+    assert (tmp_path / "diagnostics.json").stat().st_mtime_ns == stamp  # read back, not recomputed
+    diagnose(tmp_path, images, None, [], mean, std, threshold=0.8)
+    assert json.loads((tmp_path / "diagnostics.json").read_text())["threshold"] == 0.8
+
+
+@pytest.mark.slow
+def test_depth_study_command(tmp_path: Path, monkeypatch):
+    out = tmp_path / "depth"
+    argv = ["depth-study", "--depths", "2,1", "--variants", "layerscale,cait", "--num-images", "8", *TINY_RUN,
+            "--output", str(out)]
+    assert main(argv) == 0
+    rows = read_rows(out / "results.csv")
+    assert [(r["variant"], r["depth"]) for r in rows] == [("layerscale", "1"), ("layerscale", "2"), ("cait", "1"),
+                                                         ("cait", "2")]
+    assert json.loads(rows[1]["overrides"]) == {"depth": 2, "gate": "layerscale", "init_values": 0.1}
+    assert rows[2]["preset"] == "cait_xxs24" and json.loads(rows[2]["overrides"])["embed_dim"] == 64
+    diag = json.loads((out / "layerscale_depth2_seed0" / "diagnostics.json").read_text())
+    sa = diag["collapse"][0]
+    assert diag["num_images"] == 8 and sa["group"] == "self_attention" and len(sa["layers"]) == 2
+    assert float(rows[1]["mean_similarity"]) == pytest.approx(sa["mean_similarity"])
+    ratios = [r for r in read_rows(out / "residual_ratios.csv") if r["variant"] == "cait" and r["depth"] == "2"]
+    assert [r["kind"] for r in ratios] == ["self_attention"] * 2 + ["class_attention"] * 2
+    summary = {(r["variant"], r["depth"]): r for r in read_rows(out / "summary.csv")}
+    assert float(summary[("cait", "2")]["test_acc_mean"]) == pytest.approx(float(rows[3]["test_acc"]))
+    for name in ("accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similarity_depth2.png",
+                 "collapse_layers.csv", "index.html"):
+        assert (out / name).stat().st_size > 0
+    calls = []
+    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    assert main(argv) == 0 and calls == []
+
+
+def test_compare_parsing(tmp_path: Path):
+    from vitlab.experiments.compare import entries, parse_model_sets, parse_models, parse_pretrained
+
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"x")
+    models = parse_models("vit_mnist,timm:vit_tiny_patch16_224")
+    assert parse_pretrained(["-", str(weights)], models) == [("timm:vit_tiny_patch16_224", str(weights))]
+    assert parse_pretrained([f"vit_mnist={weights}"], models) == [("vit_mnist", str(weights))]
+    with pytest.raises(CheckpointError, match="no such file"):
+        parse_pretrained([str(tmp_path / "missing.pth")], models)
+    with pytest.raises(ConfigError, match="no model to pair"):
+        parse_pretrained(["-", "-", str(weights)], models)
+    with pytest.raises(ConfigError, match="did you mean vit_mnist"):
+        parse_models("vit_mnst")
+    sets = parse_model_sets(["depth=2", "timm:vit_tiny_patch16_224:patch_size=7"], models)
+    assert sets == {"vit_mnist": {"depth": 2}, "timm:vit_tiny_patch16_224": {"depth": 2, "patch_size": 7}}
+    with pytest.raises(ConfigError, match="not in --models"):
+        parse_model_sets(["vit_tiny:depth=2"], models)
+    items = entries(models, sets, [("timm:vit_tiny_patch16_224", str(weights))] * 2)
+    assert [e.label for e in items] == ["vit_mnist (scratch)", "timm:vit_tiny_patch16_224 (scratch)",
+                                        "timm:vit_tiny_patch16_224 (fine-tuned)",
+                                        "timm:vit_tiny_patch16_224 (fine-tuned #2)"]
+
+
+def test_load_init_adapts_timm_weights_to_the_run(tmp_path: Path):
+    import timm
+
+    from vitlab.experiments.common import load_init
+    from vitlab.train.models import create_timm
+
+    source = timm.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32,
+                               patch_size=8, in_chans=3, num_classes=5)
+    torch.save(source.state_dict(), tmp_path / "src.pth")
+    target = create_timm("vit_tiny_patch16_224", dict(depth=1, embed_dim=32, num_heads=2, img_size=28, patch_size=7,
+                                                      in_chans=1, num_classes=10))
+    load_init(target, str(tmp_path / "src.pth"))
+    s, t = source.state_dict(), target.state_dict()
+    for key in ("blocks.0.attn.qkv.weight", "blocks.0.mlp.fc2.weight", "cls_token", "norm.weight"):
+        assert torch.equal(s[key], t[key]), key
+    assert t["patch_embed.proj.weight"].shape == (32, 1, 7, 7)
+    assert torch.equal(t["pos_embed"], s["pos_embed"])  # 4 x 4 patches and the class token both times
+    assert t["head.weight"].shape == (10, 32)
+    vit = create_model("vit_mnist", depth=1)
+    with pytest.raises(ConfigError, match="vitlab model"):
+        load_init(vit, "hub")
+
+
+@pytest.mark.slow
+def test_compare_command_with_a_fine_tuned_timm_model(tmp_path: Path):
+    import timm
+
+    source = timm.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32,
+                               patch_size=8, in_chans=3, num_classes=5)
+    torch.save(source.state_dict(), tmp_path / "src.pth")
+    out = tmp_path / "cmp"
+    timm_name = "timm:vit_tiny_patch16_224"
+    argv = ["compare", "--models", f"vit_mnist,{timm_name}", "--set", "vit_mnist:depth=1",
+            *[f"--set={timm_name}:{k}" for k in ("depth=1", "embed_dim=32", "num_heads=2", "patch_size=7")],
+            "--pretrained", "-", "--pretrained", str(tmp_path / "src.pth"), *TINY_RUN, "--output", str(out)]
+    assert main(argv) == 0
+    rows = read_rows(out / "summary.csv")
+    assert [r["model"] for r in rows] == ["vit_mnist (scratch)", f"{timm_name} (scratch)",
+                                          f"{timm_name} (fine-tuned)"]
+    assert rows[1]["params"] == rows[2]["params"] == str(sum(p.numel() for p in timm.create_model(
+        "vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=28, patch_size=7, in_chans=1,
+        num_classes=10).parameters()))
+    vit = create_model("vit_mnist", depth=1)
+    assert int(rows[0]["matmul_macs"]) == vit.flop_count(matmul_only=True)
+    assert (out / "compare.png").stat().st_size > 0 and "compare.png" in (out / "index.html").read_text()

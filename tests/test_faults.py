@@ -1,0 +1,233 @@
+"""Fault injection on real processes: SIGKILL, SIGTERM and SIGINT during training, a kill in the middle of a
+checkpoint write, a dead worker under torchrun, and bad input through ``python -m vitlab``.
+
+Each faulty run is a ``vitlab train`` child process started through a small driver script that pauses the
+child at a chosen optimiser step (or half-way through writing a chosen checkpoint file) and leaves a marker
+file; the test then delivers the fault. The same run uninterrupted (in this process) is the reference the
+resumed run must match bit for bit (same seed, CPU, one thread).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitlab.cli import main
+from vitlab.train.checkpoint import load_model, load_train_state, read_config
+
+# 64 images, batch 16: 4 steps per epoch, 3 epochs = 12 steps; checkpoints after steps 3, 4, 6, 8, 9, 12
+TINY = ["--model", "vit_mnist", "--depth", "1", "--embed-dim", "16", "--num-heads", "2", "--limit-train", "64",
+        "--limit-test", "32", "--epochs", "3", "--batch-size", "16", "--seed", "7", "--no-progress",
+        "--device", "cpu", "--threads", "1", "--checkpoint-every", "3"]
+TIMEOUT = 240  # seconds a child may take on a loaded 2-core machine
+
+DRIVER = r'''
+"""Run the vitlab CLI with one fault hook (argv[1]: pause@STEP[@RANK], kill@STEP@RANK or write@FILE@N)."""
+import os, signal, sys, tempfile, time
+from pathlib import Path
+
+from vitlab.train import checkpoint, engine
+
+kind, *where = sys.argv[1].split("@")
+marker = Path(os.environ["FAULT_MARKER"])
+
+
+def announce(text):
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, marker)
+
+
+if kind in ("pause", "kill"):
+    at, rank = int(where[0]), int(where[1]) if len(where) > 1 else 0
+    step = engine.Trainer._train_step
+
+    def hooked(self, *args):
+        loss = step(self, *args)
+        if self.progress["global_step"] == at and self.ctx.rank == rank:
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            announce(f"{os.getpid()} step {at}")
+            deadline = time.time() + 300
+            while not self.stop.requested and time.time() < deadline:  # a signal ends the pause
+                time.sleep(0.02)
+        return loss
+
+    engine.Trainer._train_step = hooked
+else:  # write@NAME@N: the N-th write of NAME stops half-way through its temporary file
+    name, nth = where[0], int(where[1])
+    calls = {"n": 0}
+    atomic_write = checkpoint.atomic_write
+
+    def hooked_write(path, write):
+        path = Path(path)
+        if path.name == name:
+            calls["n"] += 1
+            if calls["n"] == nth:
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+                os.close(fd)
+                write(tmp)
+                os.truncate(tmp, os.path.getsize(tmp) // 2)
+                announce(f"{os.getpid()} writing {tmp}")
+                time.sleep(300)
+        return atomic_write(path, write)
+
+    checkpoint.atomic_write = hooked_write
+
+from vitlab.cli import main
+
+sys.exit(main(sys.argv[2:]))
+'''
+
+
+def child_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FAULT_MARKER": str(tmp_path / "marker")}
+
+
+def start(tmp_path: Path, fault: str, argv: list[str], launcher: list[str] | None = None) -> subprocess.Popen:
+    """Start the driver (directly, or under ``launcher`` such as torchrun); stdout/stderr go to files."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    cmd = [*(launcher or [sys.executable]), str(driver), fault, *argv]
+    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
+        return subprocess.Popen(cmd, cwd=tmp_path, env=child_env(tmp_path), stdout=out, stderr=err)
+
+
+def wait_for_marker(tmp_path: Path, proc: subprocess.Popen) -> str:
+    """The marker the driver leaves at the fault point (the child is then paused there)."""
+    marker = tmp_path / "marker"
+    deadline = time.time() + TIMEOUT
+    while not marker.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"child ended (rc {proc.returncode}) before the fault point:\n{stderr_of(tmp_path)}")
+        time.sleep(0.05)
+    return marker.read_text()
+
+
+def finish(proc: subprocess.Popen) -> int:
+    try:
+        return proc.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def stderr_of(tmp_path: Path) -> str:
+    return (tmp_path / "stderr.txt").read_text()
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "model.safetensors"))
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Equal up to 1e-6: bit-exact in practice, but a BLAS kernel may round differently with another memory
+    alignment; a resume that loses any state (RNG, optimiser moments, schedule, data order) is off by far more."""
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=lambda m, key=key: f"{key}: {m}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run, trained in this process."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert main(["train", *TINY, "--output", str(out)]) == 0
+    assert load_train_state(out)["progress"]["global_step"] == 12
+    return out
+
+
+def resume_and_compare(out: Path, reference: Path) -> None:
+    """``--resume`` the interrupted run to the end; its weights, metrics and summary equal the reference's."""
+    assert main(["train", "--resume", str(out)]) == 0
+    assert_same_weights(weights(out), weights(reference))
+    assert_same_weights(load_train_state(out)["model"], load_train_state(reference)["model"])
+    test_acc = [line.split('"test_acc": ')[1].split(",")[0]
+                for line in (out / "metrics.jsonl").read_text().splitlines()]
+    ref_acc = [line.split('"test_acc": ')[1].split(",")[0]
+               for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    assert test_acc == ref_acc and len(test_acc) == 3
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")], "temporary files left behind"
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path: Path, reference: Path) -> None:
+    out = tmp_path / "run"
+    proc = start(tmp_path, "pause@5", ["train", *TINY, "--output", str(out)])
+    wait_for_marker(tmp_path, proc)  # paused after step 5; the last checkpoint is the one of step 4
+    proc.send_signal(signal.SIGKILL)
+    assert finish(proc) == -signal.SIGKILL
+    assert load_train_state(out)["progress"]["global_step"] == 4
+    load_model(out)  # the checkpoint on disk is complete
+    resume_and_compare(out, reference)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_saves_then_resume_matches(tmp_path: Path, reference: Path, signum: int, code: int) -> None:
+    out = tmp_path / "run"
+    proc = start(tmp_path, "pause@5", ["train", *TINY, "--output", str(out)])
+    wait_for_marker(tmp_path, proc)
+    proc.send_signal(signum)
+    assert finish(proc) == code
+    err = stderr_of(tmp_path).strip()
+    assert "\n" not in err and signal.Signals(signum).name in err and f"--resume {out}" in err
+    assert load_train_state(out)["progress"]["global_step"] == 5  # saved at the step the signal arrived in
+    resume_and_compare(out, reference)
+
+
+@pytest.mark.parametrize("name", ["state.pt", pytest.param("model.safetensors", marks=pytest.mark.slow)])
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path, reference: Path,
+                                                                  name: str) -> None:
+    out = tmp_path / "run"
+    proc = start(tmp_path, f"write@{name}@2", ["train", *TINY, "--output", str(out)])
+    note = wait_for_marker(tmp_path, proc)  # half of the second checkpoint's file is on disk
+    proc.send_signal(signal.SIGKILL)
+    assert finish(proc) == -signal.SIGKILL
+    tmp = Path(note.split("writing ")[1])
+    assert tmp.exists() and tmp.parent == out and tmp.name.startswith(f".{name}.")  # the kill was mid-write
+    step = load_train_state(out)["progress"]["global_step"]
+    assert step == (3 if name == "state.pt" else 4)  # state.pt is written before the weights
+    load_model(out)
+    assert read_config(out)["run"]["epochs"] == 3
+    resume_and_compare(out, reference)  # also removes the stale temporary file
+
+
+@pytest.mark.slow
+def test_torchrun_dead_worker_fails_the_launch_and_keeps_rank0_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+                "--monitor_interval=0.2"]
+    proc = start(tmp_path, "kill@5@1", ["train", *TINY, "--output", str(out)], launcher=launcher)
+    rc = finish(proc)
+    assert rc != 0, "torchrun reported success although a worker was SIGKILLed"
+    assert "exitcode  : -9" in stderr_of(tmp_path) or "Signal 9" in stderr_of(tmp_path)
+    assert load_train_state(out)["progress"]["global_step"] == 4
+    model = load_model(out)
+    assert all(torch.isfinite(t).all() for t in model.state_dict().values())
+    assert main(["train", "--resume", str(out), "--epochs", "2"]) == 0  # resumable in one process
+
+
+@pytest.mark.parametrize("case", ["yaml", "checkpoint"])
+def test_python_m_vitlab_bad_input_exits_2_with_one_line(tmp_path: Path, case: str) -> None:
+    if case == "yaml":
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("epochs: [1, 2\n")
+        argv, needle = ["train", "--config", str(bad)], f"vitlab train: error: config file {bad} is not valid YAML"
+    else:
+        bad = tmp_path / "ckpt"
+        bad.mkdir()
+        (bad / "model.safetensors").write_bytes(b"\x00" * 7)
+        argv, needle = ["eval", "--checkpoint", str(bad)], f"vitlab eval: error: {bad} has no config.json"
+    proc = subprocess.run([sys.executable, "-m", "vitlab", *argv], cwd=tmp_path, env=child_env(tmp_path),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(needle), proc.stderr
