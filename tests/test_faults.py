@@ -9,6 +9,7 @@ resumed run must match bit for bit (same seed, CPU, one thread).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,7 +99,15 @@ def start(tmp_path: Path, fault: str, argv: list[str], launcher: list[str] | Non
     driver.write_text(DRIVER)
     cmd = [*(launcher or [sys.executable]), str(driver), fault, *argv]
     with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
-        return subprocess.Popen(cmd, cwd=tmp_path, env=child_env(tmp_path), stdout=out, stderr=err)
+        return subprocess.Popen(cmd, cwd=tmp_path, env=child_env(tmp_path), stdout=out, stderr=err,
+                                start_new_session=True)  # its own process group: kill_all reaches every worker
+
+
+def kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's whole process group (a launcher and its workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def wait_for_marker(tmp_path: Path, proc: subprocess.Popen) -> str:
@@ -107,7 +116,7 @@ def wait_for_marker(tmp_path: Path, proc: subprocess.Popen) -> str:
     deadline = time.time() + TIMEOUT
     while not marker.exists():
         if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
+            kill_all(proc)
             pytest.fail(f"child ended (rc {proc.returncode}) before the fault point:\n{stderr_of(tmp_path)}")
         time.sleep(0.05)
     return marker.read_text()
@@ -117,7 +126,7 @@ def finish(proc: subprocess.Popen) -> int:
     try:
         return proc.wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        kill_all(proc)
         raise
 
 
@@ -203,7 +212,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path
 @pytest.mark.slow
 def test_torchrun_dead_worker_fails_the_launch_and_keeps_rank0_checkpoint(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 "--monitor_interval=0.2"]
     proc = start(tmp_path, "kill@5@1", ["train", *TINY, "--output", str(out)], launcher=launcher)
     rc = finish(proc)
