@@ -277,6 +277,10 @@ def test_sweep_command_end_to_end_and_resume(tmp_path: Path, monkeypatch, capsys
     assert main(argv) == 0
     assert calls == [] and "already finished" in capsys.readouterr().err
     assert read_rows(out / "results.csv") == rows
+    # a finished run is never silently reused for other settings
+    assert main([*argv[:-2], "--lr", "0.01", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "finished with other settings (lr 0.002 there, 0.01 now)" in err and calls == []
 
 
 def test_sweep_command_errors(tmp_path: Path, capsys):

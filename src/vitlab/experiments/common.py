@@ -111,12 +111,41 @@ def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, b
     run_dir = out_dir / spec.name
     done = read_summary(run_dir)
     if done is not None:
+        changed = changed_options(spec.config, run_dir)
+        if changed:
+            raise ConfigError(f"{run_dir} finished with other settings ({'; '.join(changed)}); pass another --output "
+                              "for the new settings, or delete that run's folder to redo it")
         return done, False
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = trainer(spec.config.replace(output=str(run_dir)), init=spec.init)
     if not isinstance(summary, dict):
         raise ConfigError(f"the trainer returned {type(summary).__name__} for {run_dir}, not a summary dict")
     return summary, True
+
+
+IGNORED = ("output", "progress", "device", "threads", "data_dir", "download", "eval_batch_size", "checkpoint_every",
+           "compile", "amp")
+
+
+def changed_options(cfg: Any, run_dir: Path) -> list[str]:
+    """The options ``cfg`` sets that differ from those the run in ``run_dir`` was trained with (its
+    ``config.json``); execution options (device, threads, output...) do not count. Empty when unknown."""
+    try:
+        stored = json.loads((run_dir / "config.json").read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(stored, dict):
+        return []
+    out = []
+    for key, value in cfg.to_dict().items():
+        if key in IGNORED or value is None or key not in stored:
+            continue
+        if key == "model_overrides":
+            have = stored[key] or {}
+            out += [f"{k} {have.get(k)!r} there, {v!r} now" for k, v in value.items() if have.get(k) != v]
+        elif stored[key] != value:
+            out.append(f"{key} {stored[key]!r} there, {value!r} now")
+    return out
 
 
 class Progress:
