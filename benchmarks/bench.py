@@ -62,6 +62,7 @@ class Row:
     goals: dict  # mode -> the vitlab/timm ratio to reach
     peer: str = "same"  # same | nearest (timm lacks a part) | none (no timm model)
     same_runtime: bool = False  # also measure timm under vitlab's runtime (model code alone)
+    recipe: dict = field(default_factory=dict)  # label_smoothing, clip_grad, lr, weight_decay of the step
 
 
 ROWS = (
@@ -160,12 +161,20 @@ def vitlab_runtime(row: Row, mode: str, device: str) -> Runtime:
     """vitlab's settings (vitlab.perf): on CPU one single-threaded process per core when the batch allows."""
     if device != "cpu":
         return Runtime(adamw="fused")
-    plan = perf.cpu_plan(row.batch, cores=max(DEFAULT_THREADS, 1))
+    model = vitlab_model(row)
+    tokens = model.num_prefix_tokens + model.num_patches
+    plan = perf.cpu_plan(row.batch, tokens, cores=max(DEFAULT_THREADS, 1))
     return Runtime(threads=plan.threads, procs=plan.procs, adamw="fused")
 
 
-def make_optimizer(model: nn.Module, impl: str) -> torch.optim.Optimizer:
-    kwargs = dict(lr=1e-3, weight_decay=0.05)
+def make_optimizer(model: nn.Module, impl: str, recipe: dict | None = None) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; ``impl='trainer'`` builds what `vitlab train` builds."""
+    recipe = recipe or {}
+    kwargs = dict(lr=recipe.get("lr", 1e-3), weight_decay=recipe.get("weight_decay", 0.05))
+    if impl == "trainer":
+        from vitlab.train.optim import build_optimizer
+
+        return build_optimizer(model, **kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     if impl == "default":
         return torch.optim.AdamW(params, **kwargs)
@@ -212,9 +221,10 @@ class Runner:
             self.net = nn.parallel.DistributedDataParallel(model)
         if rt.compile:
             self.net = torch.compile(self.net)
+        self.recipe = row.recipe
         if mode == "train":
             model.train()
-            self.opt = make_optimizer(model, rt.adamw)
+            self.opt = make_optimizer(model, rt.adamw, row.recipe)
         else:
             model.eval()
         self.first_step_s = 0.0
@@ -222,8 +232,11 @@ class Runner:
     def step(self) -> None:
         if self.mode == "train":
             with autocast(self.device):
-                loss = F.cross_entropy(self.net(self.x), self.y)
+                loss = F.cross_entropy(self.net(self.x), self.y,
+                                       label_smoothing=self.recipe.get("label_smoothing", 0.0))
             loss.backward()
+            if self.recipe.get("clip_grad"):
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe["clip_grad"])
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         else:
@@ -457,52 +470,73 @@ def measure_row(row: Row, mode: str, device: str, args: argparse.Namespace, *,
 
 
 # ----------------------------------------------------------------------------------------------- e2e
-def e2e(device: str, args: argparse.Namespace) -> dict:
-    """`vitlab train` images/s (its summary.json) on mnist-5k against the bare step of the same model."""
+def e2e(device: str, args: argparse.Namespace) -> list[dict]:
+    """`vitlab train` images/s (its summary.json) on mnist-5k against the bare step of the same model, batch,
+    optimiser, recipe and runtime: one single-threaded process, and vitlab's plan (torchrun) when it differs."""
     probe = subprocess.run([sys.executable, "-m", "vitlab", "train", "--help"], capture_output=True, text=True)
     if probe.returncode != 0:
-        return {"skipped": "`vitlab train` does not exist yet; re-run with --e2e once it does"}
-    epochs = "1" if args.quick else "2"
+        return [{"skipped": "`vitlab train` does not exist yet; re-run with --e2e once it does"}]
+    row = quick_row(VIT_MNIST) if args.quick else VIT_MNIST
+    runtimes = [Runtime(threads=1, adamw="trainer")]
+    plan = vitlab_runtime(row, "train", device)
+    if plan.procs > 1:
+        runtimes.append(replace(plan, adamw="trainer"))
+    return [e2e_one(rt, device, args) for rt in runtimes] if device == "cpu" else [
+        e2e_one(Runtime(adamw="trainer"), device, args)]
+
+
+def e2e_one(rt: Runtime, device: str, args: argparse.Namespace) -> dict:
+    """One `vitlab train` run pair under ``rt``; the bare step is timed between and after the two runs."""
+    cmd = ["vitlab", "train", "--model", "vit_mnist", "--dataset", "mnist-5k", "--epochs", "2", "--no-progress",
+           "--device", device]
+    if args.quick:
+        cmd[cmd.index("--epochs") + 1] = "1"
+        cmd += ["--limit-train", "128", "--limit-test", "64", "--batch-size", "32"]
+    if device == "cpu":
+        cmd += ["--threads", str(rt.threads or DEFAULT_THREADS)]
+    launch = [sys.executable, "-m"]
+    if rt.procs > 1:
+        launch += ["torch.distributed.run", "--standalone", f"--nproc_per_node={rt.procs}", "-m"]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "vitlab", "train", "--model", "vit_mnist", "--dataset", "mnist-5k",
-               "--epochs", epochs, "--output", str(out), "--no-progress", "--device", device]
-        if args.quick:
-            cmd += ["--limit-train", "256", "--limit-test", "64", "--batch-size", "32"]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            return {"skipped": f"`vitlab train` failed (exit {proc.returncode}): "
-                               f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"}
-        summary = json.loads((out / "summary.json").read_text())
-        run_cfg = _run_config(out)
-    trained = float(summary["train_images_per_second"])
-    batch = int(run_cfg.get("batch_size") or 128)
-    overrides = dict(run_cfg.get("model_overrides") or {})
-    if run_cfg.get("drop_path"):
-        overrides["drop_path_rate"] = float(run_cfg["drop_path"])
-    row = Row("vit_mnist (trainer's config)", "vit_mnist", overrides, batch, ("train",), {})
-    threads = run_cfg.get("threads") or DEFAULT_THREADS
-    rt = Runtime(threads=threads, adamw="foreach" if run_cfg.get("optimizer") is None else run_cfg["optimizer"],
-                 compile=bool(run_cfg.get("compile")))
-    runner = make_runner("vitlab", row, "train", rt, device)
-    samples = interleaved({"bare": runner}, args.repeats, args.target_s)["bare"]
+        first = _train(launch + cmd, Path(tmp) / "run1")
+        if "skipped" in first:
+            return first
+        config = first["config"]
+        run = config.get("run") or {}
+        batch = int(run.get("batch_size") or 128)
+        recipe = {k: run[k] for k in ("label_smoothing", "clip_grad", "lr", "weight_decay")
+                  if run.get(k) is not None}
+        model = {k: v for k, v in (config.get("model") or {}).items() if k != "name"}
+        row = Row("vit_mnist (the trainer's model and recipe)", "vit_mnist", model, batch, ("train",), {},
+                  recipe=recipe)
+        runner = make_runner("vitlab", row, "train", rt, device)
+        try:
+            samples = interleaved({"bare": runner}, args.repeats, args.target_s)["bare"]
+            second = _train(launch + cmd, Path(tmp) / "run2")
+            samples += interleaved({"bare": runner}, args.repeats, args.target_s)["bare"]
+        finally:
+            runner.close()
+    runs = [r["summary"] for r in (first, second) if "summary" in r]
+    trained = statistics.median(float(r["train_images_per_second"]) for r in runs)
     bare = batch / statistics.median(samples)
     overhead = 1 - trained / bare
-    return {"command": " ".join(cmd[1:]), "train_images_per_s": trained, "bare_step_images_per_s": bare,
-            "bare_runtime": rt.label(), "overhead": overhead, "goal": 0.10, "met": overhead < 0.10,
-            "wall_s": wall, "batch": batch}
+    shown = (["torchrun", f"--nproc_per_node={rt.procs}", "-m"] if rt.procs > 1 else []) + cmd
+    return {"command": " ".join(shown + ["--output", "DIR"]), "train_images_per_s": trained,
+            "train_runs_images_per_s": [float(r["train_images_per_second"]) for r in runs],
+            "wall_images_per_s": [r["steps"] * batch / r["wall_time_s"] for r in runs if r.get("wall_time_s")],
+            "bare_step_images_per_s": bare, "bare_runtime": rt.label(), "overhead": overhead, "goal": 0.10,
+            "met": overhead < 0.10, "batch": batch, "recipe": recipe}
 
 
-def _run_config(out: Path) -> dict:
-    """The run config stored by the trainer (config.json's ``run``), or {} when it is not found."""
-    for name in ("config.json", "last/config.json", "checkpoint/config.json"):
-        path = out / name
-        if path.exists():
-            data = json.loads(path.read_text())
-            return dict(data.get("run") or {})
-    return {}
+def _train(argv: list[str], out: Path) -> dict:
+    """Run ``vitlab train`` (``argv``) into ``out``; its summary and config, or why it could not run."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([*argv, "--output", str(out)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"skipped": f"`vitlab train` failed (exit {proc.returncode}): {last[0]}"}
+    return {"summary": json.loads((out / "summary.json").read_text()),
+            "config": json.loads((out / "config.json").read_text()), "wall_s": time.perf_counter() - t0}
 
 
 # ----------------------------------------------------------------------------------------------- levers
@@ -647,10 +681,11 @@ def plot_scaling(series: dict, out_dir: Path) -> list[str]:
 def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ",
              f"Large matmul: {report['matmul_gflops']:.0f} GFLOP/s ({report['matmul_note']})  ",
-             f"Load average before/after: {report['load_before']} / {report['load_after']}", "",
-             "| row | mode | batch | vitlab img/s | timm img/s | vitlab/timm | goal | vitlab MFU | timm MFU "
-             "| vitlab peak MB | timm peak MB | vitlab runtime | timm runtime |",
-             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---|"]
+             f"Load average before/after: {report['load_before']} / {report['load_after']}"]
+    if report["rows"]:
+        lines += ["", "| row | mode | batch | vitlab img/s | timm img/s | vitlab/timm | goal | vitlab MFU | timm MFU "
+                  "| vitlab peak MB | timm peak MB | vitlab runtime | timm runtime |",
+                  "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for r in report["rows"]:
         v, t = r["vitlab"], r["timm"]
         goal = "-" if r["goal"] is None else f">= {r['goal']:.1f}x " + {True: "met", False: "**MISSED**",
@@ -662,13 +697,12 @@ def markdown(report: dict) -> str:
             f"{v['peak_mb']:.0f} | {t['peak_mb']:.0f} | {v['runtime']} | {t['runtime']} |" if t else
             f"| {name} | {r['mode']} | {r['batch']} | {v['images_per_s']:.1f} | - | - | - | {v['mfu']:.1%} | - | "
             f"{v['peak_mb']:.0f} | - | {v['runtime']} | - |")
-    if report.get("e2e"):
-        e = report["e2e"]
+    for e in report.get("e2e") or []:
         lines.append("")
         if "skipped" in e:
             lines.append(f"End to end: skipped: {e['skipped']}")
         else:
-            lines.append(f"End to end: `vitlab {e['command'].split(' ', 2)[-1]}` trains at "
+            lines.append(f"End to end: `{e['command']}` trains at "
                          f"{e['train_images_per_s']:.0f} img/s against {e['bare_step_images_per_s']:.0f} img/s for "
                          f"the bare step ({e['bare_runtime']}, batch {e['batch']}): overhead "
                          f"{e['overhead']:.1%} (goal < 10%: {'met' if e['met'] else '**MISSED**'})")

@@ -6,8 +6,8 @@ processes only change how the same arithmetic is scheduled.
 - ``adamw`` picks the fused AdamW kernel where this torch has it for the parameters' device (CPU and
   CUDA in torch >= 2.4), else the multi-tensor ``foreach`` one; on CPU torch's own default is the slow
   per-parameter loop.
-- ``cpu_plan`` says how to spend the cores on a training step: a small ViT's step is a chain of small
-  kernels that two threads cannot share well, so one single-threaded process per core (DDP over gloo,
+- ``cpu_plan`` says how to spend the cores: a small ViT's step is a chain of small kernels that two
+  threads cannot share well, so one single-threaded process per core (DDP over gloo when training,
   each with its slice of the global batch) beats one process with every core.
 """
 
@@ -22,8 +22,8 @@ import torch
 
 from vitlab.errors import ConfigError
 
-# below this many images per process the per-kernel overhead of a half batch outweighs a second core
-MIN_BATCH_PER_PROC = 16
+# below this many tokens per process (rows of its GEMMs) a slice of the batch cannot keep a core busy
+MIN_TOKENS_PER_PROC = 1024
 
 
 def cpu_cores() -> int:
@@ -90,13 +90,13 @@ class CpuPlan:
         return f"torchrun --nproc_per_node={self.procs}" if self.procs > 1 else ""
 
 
-def cpu_plan(batch_size: int, *, cores: int | None = None) -> CpuPlan:
-    """One single-threaded process per core when the global batch splits evenly into per-process batches
-    of at least ``MIN_BATCH_PER_PROC`` images; otherwise one process with every core."""
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+def cpu_plan(batch_size: int, tokens_per_image: int = 1, *, cores: int | None = None) -> CpuPlan:
+    """One single-threaded process per core when the global batch splits evenly into per-process slices of
+    at least ``MIN_TOKENS_PER_PROC`` tokens; otherwise fewer processes, each with a share of the cores."""
+    if batch_size < 1 or tokens_per_image < 1:
+        raise ConfigError(f"batch_size and tokens_per_image must be >= 1, got {batch_size} and {tokens_per_image}")
     cores = cores or cpu_cores()
     procs = cores
-    while procs > 1 and (batch_size % procs or batch_size // procs < MIN_BATCH_PER_PROC):
+    while procs > 1 and (batch_size % procs or batch_size // procs * tokens_per_image < MIN_TOKENS_PER_PROC):
         procs -= 1
     return CpuPlan(procs=procs, threads=max(1, cores // procs))

@@ -193,6 +193,10 @@ def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) 
     weights = read_weights(path)
     expected = net.state_dict()
     problem = state_mismatch(expected, weights)
+    if problem and model is None and not overrides:  # the two files disagree with each other
+        raise CheckpointError(f"checkpoint {path}: {WEIGHTS} does not fit the {spec_label(spec)} model its {CONFIG} "
+                              f"describes: {problem}; the two files come from different runs or were edited, "
+                              "restore both from the same run")
     if problem:
         wanted = spec_of(net)
         diff = _config_diff(spec, wanted) if "timm" not in spec and "timm" not in wanted else ""

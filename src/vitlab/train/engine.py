@@ -71,7 +71,9 @@ def resume_config(resume: str | Path, changes: dict[str, Any]) -> RunConfig:
     if not isinstance(run, dict):
         raise CheckpointError(f"{resume}/{CONFIG} holds no run config to resume; start a new run")
     stored = RunConfig.from_dict({k: v for k, v in run.items() if k != "data"}, f"{resume}/{CONFIG}")
-    return stored.replace(**changes)
+    # a resumed run continues in the folder it was resumed from (which may have been moved or copied), not in the
+    # output path recorded when it started; --output still sends it elsewhere
+    return stored.replace(**{"output": str(resume), **changes})
 
 
 def default_output(cfg: RunConfig) -> Path:
