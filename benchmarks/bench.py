@@ -577,12 +577,12 @@ def levers(device: str, args: argparse.Namespace) -> list[dict]:
     for base, other in pairs:
         print(f"  lever: {base[0]} -> {other[0]}", flush=True)
         out.append(lever_pair(row, "train", base, other, device, args))
-    print("  lever: talking-heads mixing (cait_xxs24 shapes)", flush=True)
+    print("  lever: talking-heads mixing (cait_xxs24 shapes, 1 thread)", flush=True)
     out.append(talking_heads_lever(args))
     print("  lever: channels-last input (vit_tiny p4 inference)", flush=True)
     tiny = ROWS[1] if not args.quick else quick_row(ROWS[1])
-    out.append(lever_pair(tiny, "infer", ("NCHW input", Runtime()), ("channels-last input",
-                                                                       Runtime(channels_last=True)), device, args))
+    out.append(lever_pair(tiny, "infer", ("NCHW input", Runtime(threads=1)),
+                          ("channels-last input", Runtime(threads=1, channels_last=True)), device, args))
     return out
 
 
@@ -591,6 +591,7 @@ def talking_heads_lever(args: argparse.Namespace) -> dict:
     from vitlab.layers.attention import mix_heads
 
     B, H, T = (4, 4, 16) if args.quick else (32, 4, 64)
+    perf.set_threads(1)
     lin = nn.Linear(H, H)
     a = torch.randn(B, H, T, T, requires_grad=True)
     g = torch.randn(B, H, T, T)

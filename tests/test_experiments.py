@@ -403,8 +403,8 @@ def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):
 @pytest.mark.slow
 def test_depth_study_command(tmp_path: Path, monkeypatch):
     out = tmp_path / "depth"
-    argv = ["depth-study", "--depths", "2,1", "--variants", "layerscale,cait", "--num-images", "8", *TINY_RUN,
-            "--output", str(out)]
+    argv = ["depth-study", "--depths", "2,1", "--variants", "layerscale,cait", "--num-images", "8", "--analyze-runs",
+            *TINY_RUN, "--output", str(out)]
     assert main(argv) == 0
     rows = read_rows(out / "results.csv")
     assert [(r["variant"], r["depth"]) for r in rows] == [("layerscale", "1"), ("layerscale", "2"), ("cait", "1"),
@@ -419,6 +419,9 @@ def test_depth_study_command(tmp_path: Path, monkeypatch):
     assert [r["kind"] for r in ratios] == ["self_attention"] * 2 + ["class_attention"] * 2
     summary = {(r["variant"], r["depth"]): r for r in read_rows(out / "summary.csv")}
     assert float(summary[("cait", "2")]["test_acc_mean"]) == pytest.approx(float(rows[3]["test_acc"]))
+    report = json.loads((out / "cait_depth2_seed0" / "analysis" / "summary.json").read_text())
+    assert report["collapse"][0]["similar_blocks"] == json.loads(
+        (out / "cait_depth2_seed0" / "diagnostics.json").read_text())["collapse"][0]["similar_blocks"]
     for name in ("accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similarity_depth2.png",
                  "collapse_layers.csv", "index.html"):
         assert (out / name).stat().st_size > 0

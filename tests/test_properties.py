@@ -188,6 +188,26 @@ def test_a_run_config_is_usable_or_raises_config_error(changes: dict, num_train:
     assert 0 <= cfg.label_smoothing < 1 and 0 <= cfg.drop_path < 1
 
 
+RUN_FLOATS = ("lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "clip_grad", "drop_path",
+              "ema_decay", "degrees", "shear", "translate", "erase_prob", "mixup", "cutmix")
+RUN_INTS = ("epochs", "batch_size", "eval_batch_size", "limit_train", "limit_test", "threads", "seed", "pad_crop",
+            "checkpoint_every")
+
+
+@FAST
+@given(field=st.sampled_from(RUN_FLOATS + RUN_INTS + ("scale",)),
+       value=st.sampled_from([math.nan, math.inf, -math.inf]), flags=st.booleans())
+def test_a_non_finite_run_option_raises_config_error(field: str, value: float, flags: bool) -> None:
+    """NaN or infinite numbers never reach the trainer, from YAML (``.nan``) or flags (``--lr nan``)."""
+    bad = [1.0, value] if field == "scale" else value
+    with pytest.raises(ConfigError) as info:
+        if flags:
+            RunConfig().replace(**{field: bad}).resolve(4000)
+        else:
+            RunConfig.from_dict({field: bad}, "config file x.yaml").resolve(4000)
+    assert field in str(info.value) and "\n" not in str(info.value)
+
+
 @CHEAP
 @given(text=st.text(max_size=60))
 def test_any_yaml_text_loads_or_raises_config_error(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
@@ -251,6 +271,7 @@ def _good_state_bytes(legacy: bool) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 @FAST
 @given(legacy=st.booleans(), cut=st.integers(0, 10_000),
        flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6))

@@ -93,7 +93,8 @@ MODEL_CASES = [  # (ModelConfig overrides of vit_mnist, words of the message tha
 ]
 
 
-@pytest.mark.parametrize("overrides, words", MODEL_CASES, ids=[",".join(c[0]) for c in MODEL_CASES])
+@pytest.mark.parametrize("overrides, words", MODEL_CASES,
+                         ids=[",".join(f"{k}={v}" for k, v in c[0].items()) for c in MODEL_CASES])
 def test_bad_model_options_one_line_api_and_cli(capsys, tmp_path, overrides: dict, words: str) -> None:
     api = api_error(ConfigError, vitlab.create_model, "vit_mnist", **overrides)
     assert words in api
