@@ -573,10 +573,14 @@ def levers(device: str, args: argparse.Namespace) -> list[dict]:
         (("1 proc x 1 thread", t1), ("2 procs x 1 thread (DDP)", replace(t1, procs=2))),
         (("1 proc x 2 threads", replace(t1, threads=2)), ("2 procs x 1 thread (DDP)", replace(t1, procs=2))),
     ]
+    if device != "cpu":  # threads and gloo processes are CPU levers
+        pairs = [(b, o) for b, o in pairs if b[1].procs == o[1].procs == 1 and b[1].threads == o[1].threads]
     out = []
     for base, other in pairs:
         print(f"  lever: {base[0]} -> {other[0]}", flush=True)
         out.append(lever_pair(row, "train", base, other, device, args))
+    if device != "cpu":
+        return out
     print("  lever: talking-heads mixing (cait_xxs24 shapes, 1 thread)", flush=True)
     out.append(talking_heads_lever(args))
     print("  lever: channels-last input (vit_tiny p4 inference)", flush=True)
@@ -627,7 +631,7 @@ def scaling(device: str, args: argparse.Namespace, out_dir: Path) -> dict:
     sizes = (32, 64) if args.quick else (32, 64, 96, 128, 160, 224)
     depths = (1, 2) if args.quick else (2, 4, 8, 12)
     batch = 4 if args.quick else 16
-    rt = Runtime(threads=DEFAULT_THREADS)
+    rt = Runtime(threads=1 if device == "cpu" else None)  # one thread: robust on a shared machine
     series = {"tokens": [], "depth": []}
     points = [("tokens", dict(base, img_size=s, depth=4 if not args.quick else 1)) for s in sizes]
     points += [("depth", dict(base, img_size=64, depth=d)) for d in depths]

@@ -211,6 +211,24 @@ def test_run_all_skips_finished_runs(tmp_path: Path, capsys):
         run_all(specs + specs[:1], tmp_path, trainer=trainer)
 
 
+def test_base_run_config_from_the_shared_options():
+    import argparse
+
+    from vitlab.experiments.common import add_run_options, base_run_config
+
+    parser = argparse.ArgumentParser()
+    add_run_options(parser)
+    args = parser.parse_args(["--epochs", "3", "--no-augment", "--run-set", "warmup_epochs=0.5", "--run-set",
+                              "hflip=false", "--no-progress"])
+    cfg = base_run_config(args, dataset="mnist-5k")
+    assert (cfg.epochs, cfg.warmup_epochs, cfg.hflip, cfg.progress, cfg.dataset) == (3, 0.5, False, False, "mnist-5k")
+    assert (cfg.degrees, cfg.scale, cfg.translate, cfg.lr) == (0.0, (1.0, 1.0), 0.0, None)
+    with pytest.raises(ConfigError, match="did you mean warmup_epochs"):
+        base_run_config(parser.parse_args(["--run-set", "warmup_epoch=1"]))
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        base_run_config(parser.parse_args(["--run-set", "warmup_epochs"]))
+
+
 def test_sweep_specs_make_a_validated_grid():
     params = parse_params("vit_mnist", ["embed_dim", "depth", "lr"], ["32,64", "1,2", "0.001"])
     specs = sweep_specs("vit_mnist", params, [0, 1], RunConfig(epochs=1), {"mlp_ratio": 2.0})

@@ -65,9 +65,13 @@ def adamw(params: Iterable, *, impl: str = "auto", **kwargs) -> torch.optim.Adam
     """``torch.optim.AdamW`` with its fastest implementation: ``impl`` is ``auto`` (fused where supported,
     else foreach), ``fused``, ``foreach`` or ``loop`` (torch's per-parameter reference loop)."""
     params = list(params)
+    if params and isinstance(params[0], dict):  # parameter groups
+        params = [{**group, "params": list(group["params"])} for group in params]
+        tensors = [p for group in params for p in group["params"]]
+    else:
+        tensors = params
     if impl == "auto":
-        first = params[0]["params"][0] if params and isinstance(params[0], dict) else (params[0] if params else None)
-        device = first.device if first is not None else torch.device("cpu")
+        device = tensors[0].device if tensors else torch.device("cpu")
         impl = "fused" if fused_adamw_supported(device) else "foreach"
     if impl == "fused":
         return torch.optim.AdamW(params, fused=True, **kwargs)

@@ -437,10 +437,16 @@ def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs pe
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's)")
+    p.add_argument("--no-augment", action="store_true",
+                   help="switch every augmentation off (as `vitlab train --no-augment`); short studies learn faster")
     p.add_argument("--run-set", action="append", default=None, metavar="KEY=VALUE",
                    help="any other run option of `vitlab train` for every run (repeatable), e.g. warmup_epochs=1")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no per-epoch progress bars (one line per run is still printed)")
+
+
+NO_AUGMENT = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=False, pad_crop=0,
+                  trivial_augment=False, mixup=0.0, cutmix=0.0)
 
 
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
@@ -453,6 +459,8 @@ def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     opts = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
             "limit_test": args.limit_test, "data_dir": args.data_dir, "device": args.device,
             "threads": args.threads, "progress": args.progress}
+    if args.no_augment:
+        opts.update(NO_AUGMENT)
     cfg = RunConfig(**{**{k: v for k, v in opts.items() if v is not None}, **extra, **fields})
     cfg.validate()
     return cfg

@@ -1,0 +1,165 @@
+"""The benchmark command (benchmarks/bench.py) and the runtime settings it measures (vitlab.perf)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitlab import perf
+from vitlab.errors import ConfigError
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
+
+
+def _bench_module():
+    if "vitlab_bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("vitlab_bench", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["vitlab_bench"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["vitlab_bench"]
+
+
+def _run_bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(BENCH), *args, "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+# ----------------------------------------------------------------------------------------------- vitlab.perf
+@pytest.mark.parametrize("batch,tokens,cores,procs,threads", [
+    (128, 17, 2, 2, 1),  # vit_mnist: 64 images x 17 tokens per process
+    (32, 17, 2, 1, 2),  # 16 x 17 = 272 tokens per process: too little work to split
+    (16, 201, 2, 2, 1),  # 224 px inference: 8 images of 201 tokens per process
+    (127, 65, 2, 1, 2),  # an odd batch cannot split evenly
+    (128, 17, 1, 1, 1),
+    (96, 65, 4, 4, 1),
+    (12, 200, 4, 2, 2),  # 3 or 4 processes would get too little work: 2 of 2 threads each
+])
+def test_cpu_plan(batch: int, tokens: int, cores: int, procs: int, threads: int) -> None:
+    plan = perf.cpu_plan(batch, tokens, cores=cores)
+    assert (plan.procs, plan.threads) == (procs, threads)
+    assert plan.torchrun == (f"torchrun --nproc_per_node={procs}" if procs > 1 else "")
+
+
+def test_cpu_plan_rejects_bad_sizes() -> None:
+    with pytest.raises(ConfigError, match="batch_size"):
+        perf.cpu_plan(0, 17)
+    with pytest.raises(ConfigError, match="tokens_per_image"):
+        perf.cpu_plan(8, 0)
+
+
+def test_set_threads() -> None:
+    before = torch.get_num_threads()
+    try:
+        assert perf.set_threads(1) == 1
+        assert perf.set_threads(None) == 1
+        with pytest.raises(ConfigError, match="threads must be >= 1"):
+            perf.set_threads(0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _adamw_steps(impl: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+    opt = perf.adamw([{"params": model[0].parameters(), "weight_decay": 0.05},
+                      {"params": model[2].parameters(), "weight_decay": 0.0}], impl=impl, lr=1e-2)
+    for _ in range(3):
+        model(torch.randn(4, 8)).square().sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_adamw_implementations_give_the_same_updates() -> None:
+    ref = _adamw_steps("loop")
+    for impl in ("foreach", "fused", "auto"):
+        for got, want in zip(_adamw_steps(impl), ref):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_adamw_picks_fused_where_supported() -> None:
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = perf.adamw([p], lr=1e-3)
+    if perf.fused_adamw_supported("cpu"):
+        assert opt.defaults["fused"] is True
+    else:
+        assert opt.defaults["foreach"] is True
+    assert perf.adamw([p], impl="foreach").defaults["foreach"] is True
+    with pytest.raises(ConfigError, match="choose auto, fused, foreach or loop"):
+        perf.adamw([p], impl="turbo")
+
+
+# ----------------------------------------------------------------------------------------------- bench.py
+def test_timm_peers_have_the_architecture_of_their_rows() -> None:
+    bench = _bench_module()
+    for row in map(bench.quick_row, bench.ROWS):
+        if row.peer == "none":
+            continue
+        ours, theirs = bench.build("vitlab", row), bench.build("timm", row)
+        count = sum(p.numel() for p in ours.parameters() if p.requires_grad)
+        peer = sum(p.numel() for p in theirs.parameters() if p.requires_grad)
+        if row.peer == "same":
+            assert count == peer, row.name
+        x = torch.randn(2, ours.cfg.in_chans, ours.cfg.img_size, ours.cfg.img_size)
+        assert ours(x).shape == theirs(x).shape
+
+
+def test_markdown_marks_missed_goals_and_lists_runtimes() -> None:
+    bench = _bench_module()
+    side = dict(runtime="2 procs x 1 thr, AdamW fused", images_per_s=100.0, samples_s=[1.0], first_step_s=0.1,
+                peak_mb=10.0, flops_per_image=1e6, mfu=0.2)
+    slow = dict(side, runtime="2 thr, AdamW default", images_per_s=80.0, mfu=0.16)
+    rows = [dict(row="a", mode="train", batch=8, peer="same", vitlab=side, timm=slow, ratio=1.25, goal=2.0,
+                 met=False, notes=[]),
+            dict(row="b", mode="infer", batch=8, peer="none", vitlab=side, timm=None, ratio=None, goal=None,
+                 met=None, notes=["no timm peer: absolute figures"])]
+    report = dict(command="python benchmarks/bench.py", machine="m", matmul_gflops=100.0, matmul_note="n",
+                  load_before="0", load_after="0", rows=rows)
+    text = bench.markdown(report)
+    assert "| a | train | 8 | 100.0 | 80.0 | **1.25x** | >= 2.0x **MISSED** |" in text
+    assert "| b (no timm peer: absolute figures) | infer | 8 | 100.0 | - |" in text
+    assert "2 thr, AdamW default" in text
+
+
+def test_quick_run_writes_the_table_and_json(tmp_path: Path) -> None:
+    proc = _run_bench("--quick", "--rows", "vit_mnist,deepvit_16b", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "cpu_quick.json").read_text())
+    modes = [(r["row"], r["mode"]) for r in report["rows"]]
+    assert ("vit_mnist 28x28x1", "train") in modes and ("deepvit_16b 224", "infer") in modes
+    for r in report["rows"]:
+        v = r["vitlab"]
+        assert v["images_per_s"] > 0 and v["peak_mb"] > 0 and 0 < v["mfu"] < 1.5
+        assert v["images_per_s"] == pytest.approx(r["batch"] / sorted(v["samples_s"])[len(v["samples_s"]) // 2])
+        if r["timm"]:
+            assert r["ratio"] == pytest.approx(v["images_per_s"] / r["timm"]["images_per_s"])
+        else:
+            assert r["ratio"] is None
+    table = (tmp_path / "cpu_quick.md").read_text()
+    assert "| vitlab/timm |" in table and table in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_quick.json", "cpu_quick.md"]  # no temp files
+
+
+@pytest.mark.slow
+def test_quick_run_with_data_parallel_processes(tmp_path: Path) -> None:
+    proc = _run_bench("--quick", "--rows", "vit_mnist", "--vitlab-procs", "2", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "cpu_quick.json").read_text())["rows"]
+    assert rows[0]["vitlab"]["runtime"].startswith("2 procs x 1 thr")
+    assert rows[0]["vitlab"]["images_per_s"] > 0
+
+
+def test_unknown_row_is_one_clear_error(tmp_path: Path) -> None:
+    proc = _run_bench("--quick", "--rows", "vit_huge", tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "unknown rows ['vit_huge']; choose from" in proc.stderr
+    assert not any(tmp_path.iterdir())
