@@ -280,13 +280,14 @@ def test_sweep_tables_and_figure_numbers(tmp_path: Path):
 
 def test_sweep_command_end_to_end_and_resume(tmp_path: Path, monkeypatch, capsys):
     out = tmp_path / "sweep"
-    argv = ["sweep", "--param", "embed_dim", "--values", "16,32", "--set", "depth=1", *TINY_RUN, "--output", str(out)]
+    argv = ["sweep", "--param", "embed_dim", "--values", "16,32", "--set", "depth=1", "--set", "global_pool=token",
+            *TINY_RUN, "--output", str(out)]
     assert main(argv) == 0
     rows = read_rows(out / "results.csv")
     assert [r["embed_dim"] for r in rows] == ["16", "32"]
     assert all(0.0 <= float(r["test_acc"]) <= 1.0 and float(r["train_time_s"]) > 0 for r in rows)
     assert int(rows[1]["params"]) > int(rows[0]["params"])
-    assert rows[0]["macs"] == str(create_model("vit_mnist", depth=1, embed_dim=16).flop_count())
+    assert rows[0]["macs"] == str(create_model("vit_mnist", depth=1, embed_dim=16, global_pool="token").flop_count())
     page = (out / "index.html").read_text()
     assert "sweep_embed_dim.png" in page and "--param embed_dim --values 16,32 --seeds 1" in page and "torch" in page
     calls = []
@@ -295,10 +296,12 @@ def test_sweep_command_end_to_end_and_resume(tmp_path: Path, monkeypatch, capsys
     assert main(argv) == 0
     assert calls == [] and "already finished" in capsys.readouterr().err
     assert read_rows(out / "results.csv") == rows
-    # a finished run is never silently reused for other settings
+    # a finished run is never silently reused for other settings (run or model options)
     assert main([*argv[:-2], "--lr", "0.01", "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert "finished with other settings (lr 0.002 there, 0.01 now)" in err and calls == []
+    assert main([*argv[:-2], "--set", "mlp_ratio=2", "--output", str(out)]) == 2
+    assert "(mlp_ratio 4.0 there, 2.0 now)" in capsys.readouterr().err and calls == []
 
 
 def test_sweep_command_errors(tmp_path: Path, capsys):
@@ -351,6 +354,18 @@ def test_depth_study_variants_share_the_width():
                                                                                  cait_init_value(depth))
         for key in ("embed_dim", "num_heads", "img_size", "patch_size", "in_chans", "mlp_ratio"):
             assert getattr(cfg, key) == getattr(base, key)
+    from vitlab.experiments.depth_study import depth_specs
+
+    specs = depth_specs("vit_mnist", [2], ["vit", "cait"], [0, 1], RunConfig(), {"global_pool": "token"})
+    assert [s.name for s in specs] == ["vit_depth2_seed0", "vit_depth2_seed1", "cait_depth2_seed0",
+                                       "cait_depth2_seed1"]
+    assert specs[1].config.model_overrides == {"depth": 2, "gate": "none", "global_pool": "token"}
+    assert specs[1].config.seed == 1 and specs[2].config.model == "cait_xxs24"
+    assert json.loads(specs[2].info["overrides"])["global_pool"] == "token"
+    wide = depth_specs("vit_mnist", [2], ["vit", "cait"], [0], RunConfig(), {"embed_dim": 32, "num_heads": 4})
+    assert [get_config(s.config.model, **s.config.model_overrides).embed_dim for s in wide] == [32, 32]
+    with pytest.raises(ConfigError, match="--set gate would change"):
+        depth_specs("vit_mnist", [2], ["vit"], [0], RunConfig(), {"gate": "layerscale"})
     assert parse_variants("vit,cait,vit") == ["vit", "cait"]
     with pytest.raises(ConfigError, match="did you mean layerscale"):
         parse_variants("layerscal")

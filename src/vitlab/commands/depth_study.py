@@ -31,6 +31,9 @@ def register(subparsers: Any) -> None:
                                                              "(default 64)")
     p.add_argument("--threshold", type=float, default=0.9,
                    help="similarity above which two blocks count as similar (default 0.9)")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="model option for every variant (repeatable), e.g. --set global_pool=token; not one the "
+                        "variants set (depth, gate, attn, init_values)")
     p.add_argument("--analyze-runs", action="store_true",
                    help="also write each run's full `vitlab analyze` report (attention maps, rollout) into "
                         "RUN/analysis")
@@ -44,7 +47,14 @@ def run(args: argparse.Namespace) -> int:
 
     from vitlab.data import load_dataset, normalization
     from vitlab.errors import ConfigError
-    from vitlab.experiments.common import base_run_config, check_output, command_line, parse_ints, run_all
+    from vitlab.experiments.common import (
+        base_run_config,
+        check_output,
+        command_line,
+        model_overrides,
+        parse_ints,
+        run_all,
+    )
     from vitlab.experiments.depth_study import (
         depth_specs,
         diagnose,
@@ -66,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--base {args.base} is a {base_model.arch} preset; pass a ViT preset (e.g. vit_mnist) "
                           "whose width the variants share")
     cfg = base_run_config(args, dataset=args.dataset)
-    specs = depth_specs(args.base, depths, variants, list(range(args.seeds)), cfg)
+    specs = depth_specs(args.base, depths, variants, list(range(args.seeds)), cfg, model_overrides(args.set))
     out = check_output(args.output)
     pairs = run_all(specs, out, title="depth study")
 

@@ -129,19 +129,22 @@ IGNORED = ("output", "progress", "device", "threads", "data_dir", "download", "e
 
 def changed_options(cfg: Any, run_dir: Path) -> list[str]:
     """The options ``cfg`` sets that differ from those the run in ``run_dir`` was trained with (its
-    ``config.json``); execution options (device, threads, output...) do not count. Empty when unknown."""
+    ``config.json``): run options against the stored run config, model options against the model that was
+    built. Execution options (device, threads, output...) do not count. Empty when unknown."""
     try:
-        stored = json.loads((run_dir / "config.json").read_text()).get("run")
+        config = json.loads((run_dir / "config.json").read_text())
+        stored, model = config.get("run"), config.get("model")
     except (OSError, ValueError, AttributeError):
         return []
-    if not isinstance(stored, dict):
+    if not isinstance(stored, dict) or not isinstance(model, dict):
         return []
+    built = model.get("kwargs", {}) if "timm" in model else model
     out = []
     for key, value in cfg.to_dict().items():
         if key in IGNORED or value is None or key not in stored:
             continue
         if key == "model_overrides":
-            have = stored[key] or {}
+            have = {**(stored[key] or {}), **built}
             out += [f"{k} {have.get(k)!r} there, {v!r} now" for k, v in value.items() if have.get(k) != v]
         elif stored[key] != value:
             out.append(f"{key} {stored[key]!r} there, {value!r} now")

@@ -214,7 +214,7 @@ def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Pat
     axes[2].grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(y, labels)
     lo = min(100 * a["test_acc_mean"] for a in agg)
-    axes[0].set_xlim(max(0.0, lo - 10), 101)
+    axes[0].set_xlim(0.0 if lo < 60 else lo - 10, 101)
     for ax in axes[1:]:
         ax.set_xlim(0, ax.get_xlim()[1] * 1.35)
     fig.suptitle(title)

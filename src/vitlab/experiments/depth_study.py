@@ -17,6 +17,7 @@ from vitlab.errors import ConfigError
 from vitlab.experiments.common import RunSpec, aggregate, summary_value, unknown_option
 
 SHARED = ("img_size", "patch_size", "in_chans", "embed_dim", "num_heads", "mlp_ratio", "pos_embed")
+VARIANT_KEYS = ("depth", "gate", "attn", "init_values", "depth_token_only")  # what the variants differ by
 
 
 def _vit(gate: str, layerscale_init: bool = False, **extra: Any) -> Callable[[str, int], tuple[str, dict]]:
@@ -81,12 +82,22 @@ def variant_model(variant: str, base: str, depth: int) -> tuple[str, dict[str, A
     return preset, overrides
 
 
-def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: list[int], cfg: Any) -> list[RunSpec]:
-    """One run per variant, depth and seed, all with the recipe of ``cfg``."""
+def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: list[int], cfg: Any,
+                shared: dict[str, Any] | None = None) -> list[RunSpec]:
+    """One run per variant, depth and seed, all with the recipe of ``cfg`` and the model options ``shared``
+    (which must not touch what the variants set: depth, gate, attn, init_values...)."""
+    from vitlab.models import get_config
+
     specs = []
     for variant in variants:
         for depth in depths:
             preset, overrides = variant_model(variant, base_model, depth)
+            clash = sorted(set(shared or {}) & set(overrides) & set(VARIANT_KEYS))
+            if clash:
+                raise ConfigError(f"--set {', '.join(clash)} would change what the {variant} variant sets itself; "
+                                  f"the variants differ by exactly these options, so set only others")
+            overrides = {**overrides, **(shared or {})}
+            get_config(preset, **overrides)
             run_cfg = cfg.replace(model=preset, model_overrides=overrides)
             for seed in seeds:
                 info = {"variant": variant, "depth": depth, "seed": seed, "preset": preset,
@@ -260,19 +271,35 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, threshold: float, path: str | Path) -> Path:
-    """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0)."""
-    import torch
+def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Path) -> Path:
+    """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0), three
+    panels per row."""
+    import math as m
 
-    from vitlab.analysis.plots import similarity_heatmaps
+    import numpy as np
+
+    from vitlab.analysis.plots import SIM, new_figure, save
 
     panels = []
     for variant, diag in diags.items():
         sa = next((g for g in diag["collapse"] if g["group"] == "self_attention"), None)
         if sa:
-            panels.append((f"{variant} (mean {sa['mean_similarity']:.2f})", torch.tensor(sa["similarity"]),
-                           list(range(len(sa["layers"])))))
-    return similarity_heatmaps(panels, path)
+            panels.append((f"{variant} (mean {sa['mean_similarity']:.2f})", np.array(sa["similarity"])))
+    cols = min(3, len(panels))
+    rows = m.ceil(len(panels) / cols)
+    lo = min(0.0, *(float(p[1].min()) for p in panels))
+    fig = new_figure(3.6 * cols + 0.8, 3.4 * rows + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (title, sim) in zip(axes, panels):
+        im = ax.imshow(sim, cmap=SIM, vmin=lo, vmax=1.0, interpolation="nearest")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("layer q")
+        ax.set_ylabel("layer p")
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="cosine similarity")
+    fig.suptitle(f"cross-layer attention similarity at depth {depth}")
+    return save(fig, path)
 
 
 def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows: list[dict],
@@ -287,7 +314,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     write_csv(out / "residual_ratios.csv", ratio_rows)
     write_csv(out / "collapse_layers.csv", layer_rows)
     plot_against_depth(agg, variants, [("test_acc", "test accuracy (%)", 100.0)], out / "accuracy_vs_depth.png",
-                       f"{title}: test accuracy (mean +- std over seeds)")
+                       "test accuracy against depth (mean +- std over seeds)")
     plot_against_depth(agg, variants, [("mean_similarity", "mean cross-layer similarity", 1.0),
                                        ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)],
                        out / "collapse_vs_depth.png", "attention collapse (self-attention maps)")
@@ -295,7 +322,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png"]
     sim_name = f"similarity_depth{max(depths)}.png"
     if deepest:
-        plot_similarity(deepest, max(depths), threshold, out / sim_name)
+        plot_similarity(deepest, max(depths), out / sim_name)
     write_json(out / "summary.json", {**meta, "results": agg})
     best = {}
     for a in agg:

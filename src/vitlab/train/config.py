@@ -21,7 +21,7 @@ from vitlab.errors import ConfigError
 # Training recipe by number of training images (the first row whose bound is >= N applies).
 # The small-data row is tuned on mnist-5k (4,000 digits): see docs/training.md for the measured run.
 SIZE_DEFAULTS: list[tuple[int, dict[str, Any]]] = [
-    (10_000, dict(epochs=100, batch_size=128, lr=2e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=3,
+    (10_000, dict(epochs=60, batch_size=64, lr=2e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=3,
                   label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
     (100_000, dict(epochs=30, batch_size=256, lr=1e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=2,
                    label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
@@ -40,7 +40,8 @@ DATA_KIND = {"mnist": "digits", "mnist-5k": "digits", "fashion-mnist": "digits",
              "cifar100": "natural", "imagefolder": "natural"}
 
 # Model overrides a data set's recipe applies to vitlab presets of arch 'vit' unless the user sets them.
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {}, "natural": {}}
+# (on mnist-5k the class-token head learned far slower: 63% vs 80% test accuracy after 9 epochs)
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "natural": {}}
 
 AMP_MODES = ("auto", "bf16", "off")
 RECIPE_FIELDS = tuple(SIZE_DEFAULTS[0][1]) + tuple(AUGMENT_DEFAULTS["digits"])

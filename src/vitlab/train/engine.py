@@ -42,6 +42,7 @@ from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
 
 INIT_STREAM, AUG_STREAM = 0x1417, 0xA06
+SMALL_MODEL_MACS = 50_000_000  # per image; below it a CPU run uses one thread unless told otherwise
 
 
 class NonFiniteLoss(ConfigError):
@@ -88,7 +89,6 @@ class Trainer:
                  on_step: Callable[[Trainer], None] | None = None) -> None:
         self.ctx, self.on_step, self.stop = ctx, on_step, StopRequest()
         self.device = ctx.device
-        self._set_threads(cfg)
         state = load_train_state(resume) if resume is not None else None
         img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
         if state is not None:  # refuse another architecture before loading any data
@@ -117,6 +117,7 @@ class Trainer:
         model = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(self.classes), img_size=img_size,
                                in_chans=in_chans)
         self.model = model.to(self.device)
+        self._set_threads(cfg)
         self.train_data = self._to_device(train_split)
         self.test_data = self._to_device(test_split)
         self.pipeline = BatchPipeline(cfg, self.mean, self.std, len(self.classes), in_chans)
@@ -143,12 +144,18 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ setup
 
-    @staticmethod
-    def _set_threads(cfg: RunConfig) -> None:
+    def _set_threads(self, cfg: RunConfig) -> None:
+        """CPU threads: ``--threads``, else ``OMP_NUM_THREADS`` when set, else one thread for small models
+        (below :data:`SMALL_MODEL_MACS`, whose tiny matmuls gain nothing from intra-op threads and lose much
+        on a busy machine) and the cores shared among the local processes for bigger ones."""
+        if self.device.type != "cpu":
+            return
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        elif int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
+        elif "OMP_NUM_THREADS" not in os.environ:
+            macs = model_macs(self.model, self.data_info) or 0
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(1 if macs < SMALL_MODEL_MACS else max(1, (os.cpu_count() or 1) // local))
 
     @staticmethod
     def _model_overrides(cfg: RunConfig) -> dict[str, Any]:
@@ -395,7 +402,7 @@ class Trainer:
                 "wall_time_s": p["wall_time_s"], "train_time_s": p["train_time_s"],
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
                 "flops": 2 * macs if macs is not None else None, "skipped_steps": p["skipped_steps"],
-                "world_size": self.ctx.world_size, "device": str(self.device)}
+                "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads()}
 
 
 def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
