@@ -510,7 +510,6 @@ def test_load_init_adapts_timm_weights_to_the_run(tmp_path: Path):
         load_init(vit, "hub")
 
 
-@pytest.mark.slow
 def test_compare_command_with_a_fine_tuned_timm_model(tmp_path: Path):
     import timm
 
