@@ -25,6 +25,8 @@ from typing import Any
 from vitlab.errors import ConfigError
 
 Rows = list[dict[str, Any]]
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 @contextlib.contextmanager
@@ -36,6 +38,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
