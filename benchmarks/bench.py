@@ -61,13 +61,11 @@ class Row:
     modes: tuple[str, ...]
     goals: dict  # mode -> the vitlab/timm ratio to reach
     peer: str = "same"  # same | nearest (timm lacks a part) | none (no timm model)
-    same_runtime: bool = False  # also measure timm under vitlab's runtime (model code alone)
     recipe: dict = field(default_factory=dict)  # label_smoothing, clip_grad, lr, weight_decay of the step
 
 
 ROWS = (
-    Row("vit_mnist 28x28x1", "vit_mnist", {}, 128, ("train", "infer"), {"train": 2.0, "infer": 1.0},
-        same_runtime=True),
+    Row("vit_mnist 28x28x1", "vit_mnist", {}, 128, ("train", "infer"), {"train": 2.0, "infer": 1.0}),
     Row("vit_tiny p4 32x32x3", "vit_tiny", dict(img_size=32, patch_size=4, num_classes=10), 64, ("train", "infer"),
         {"train": 1.0, "infer": 1.0}),
     Row("cait_xxs24 p4 32x32x3", "cait_xxs24", dict(img_size=32, patch_size=4, num_classes=10), 32,
@@ -438,8 +436,9 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def measure_row(row: Row, mode: str, device: str, args: argparse.Namespace, *,
-                timm_rt: Runtime | None = None, label: str | None = None) -> Result:
+def measure_row(row: Row, mode: str, device: str, args: argparse.Namespace) -> list[Result]:
+    """vitlab against timm as timm users run it, and (``args.same_runtime``) against timm under vitlab's
+    runtime too, all runners interleaved; one Result per comparison."""
     vl_rt = vitlab_runtime(row, mode, device)
     if args.vitlab_procs:
         vl_rt = replace(vl_rt, procs=args.vitlab_procs, threads=max(1, DEFAULT_THREADS // args.vitlab_procs))
@@ -447,26 +446,32 @@ def measure_row(row: Row, mode: str, device: str, args: argparse.Namespace, *,
     try:
         runners["vitlab"] = make_runner("vitlab", row, mode, vl_rt, device)
         if row.peer != "none":
-            runners["timm"] = make_runner("timm", row, mode, timm_rt or TIMM_RUNTIME, device)
+            runners["timm"] = make_runner("timm", row, mode, TIMM_RUNTIME, device)
+            if args.same_runtime and vl_rt != TIMM_RUNTIME:
+                runners["timm same runtime"] = make_runner("timm", row, mode, vl_rt, device)
         samples = interleaved(runners, args.repeats, args.target_s)
         flops = matmul_flops_per_image(row, mode)
         sides = {}
         for name, r in runners.items():
-            med = statistics.median(samples[name])
-            ips = row.batch / med
+            ips = row.batch / statistics.median(samples[name])
             sides[name] = Side(runtime=r.rt.label(mode), images_per_s=ips, samples_s=samples[name],
                                first_step_s=r.first_step_s, peak_mb=r.peak_bytes() / 2**20, flops_per_image=flops)
     finally:
         for r in runners.values():
             r.close()
-    timm_side = sides.get("timm")
-    ratio = sides["vitlab"].images_per_s / timm_side.images_per_s if timm_side else None
-    goal = row.goals.get(mode) if timm_side else None
-    met = None if goal is None or args.quick else ratio >= goal
-    notes = ["nearest timm peer: no RoPE"] if row.peer == "nearest" else []
-    if row.peer == "none":
-        notes.append("no timm peer: absolute figures")
-    return Result(label or row.name, mode, row.batch, row.peer, sides["vitlab"], timm_side, ratio, goal, met, notes)
+    notes = {"nearest": ["nearest timm peer: no RoPE"], "none": ["no timm peer: absolute figures"]}.get(row.peer, [])
+    vl = sides["vitlab"]
+    if "timm" not in sides:
+        return [Result(row.name, mode, row.batch, row.peer, vl, None, None, None, None, notes)]
+    ratio = vl.images_per_s / sides["timm"].images_per_s
+    goal = row.goals.get(mode)
+    out = [Result(row.name, mode, row.batch, row.peer, vl, sides["timm"], ratio, goal,
+                  None if goal is None or args.quick else ratio >= goal, notes)]
+    if "timm same runtime" in sides:  # information: the model code alone, no goal
+        same = sides["timm same runtime"]
+        out.append(Result(row.name, mode, row.batch, row.peer, vl, same, vl.images_per_s / same.images_per_s,
+                          None, None, [*notes, "same runtime for both: model code alone"]))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- e2e
@@ -768,6 +773,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="interleaved samples per runner (default 7, quick 1)")
     p.add_argument("--target-s", type=float, default=None, help="seconds per sample (default 1.0, quick 0.02)")
     p.add_argument("--vitlab-procs", type=int, default=None, help="override vitlab's processes per row")
+    p.add_argument("--no-same-runtime", dest="same_runtime", action="store_false",
+                   help="skip the rows that give timm vitlab's runtime too")
     p.add_argument("--e2e", action="store_true", help="also time `vitlab train` against the bare step")
     p.add_argument("--levers", action="store_true", help="also measure each speed lever on vit_mnist")
     p.add_argument("--scaling", action="store_true", help="also time/memory against tokens and depth (PNG)")
@@ -811,12 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             for mode in row.modes:
                 print(f"measuring {row.name} {mode} ...", flush=True)
-                report["rows"].append(asdict(measure_row(row, mode, device, args)))
-                if row.same_runtime and mode == "train":
-                    rt = vitlab_runtime(row, mode, device)
-                    res = measure_row(row, mode, device, args, timm_rt=rt, label=row.name + " same runtime")
-                    res.goal, res.met = 1.0, None if args.quick else res.ratio >= 1.0
-                    report["rows"].append(asdict(res))
+                report["rows"] += [asdict(r) for r in measure_row(row, mode, device, args)]
     if args.e2e:
         print("measuring vitlab train end to end ...", flush=True)
         report["e2e"] = e2e(device, args)

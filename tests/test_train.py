@@ -149,6 +149,24 @@ def test_signal_saves_a_resumable_checkpoint(tmp_path, capsys, signum, code):
     assert [r["epoch"] for r in metrics(out)] == [1]
 
 
+def test_signal_during_evaluation_stops_after_the_epoch_checkpoint(tmp_path, monkeypatch):
+    import vitlab.train.engine as engine
+
+    trainers = []
+    real_evaluate = engine.evaluate
+
+    def evaluate_then_signal(*args, **kwargs):
+        trainers[0].stop.request(signal.SIGTERM)
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "evaluate", evaluate_then_signal)
+    out = tmp_path / "o"
+    result = train(RunConfig(epochs=3, **TINY_CFG, output=str(out)), on_step=lambda t: trainers.append(t))
+    assert result.exit_code == 143 and [r["epoch"] for r in metrics(out)] == [1]
+    progress = load_train_state(out)["progress"]
+    assert progress["epoch"] == 1 and progress["step"] == 0
+
+
 @pytest.mark.slow
 def test_sigterm_to_a_real_process(tmp_path):
     out = tmp_path / "o"
@@ -234,12 +252,14 @@ def _nan_once(trainer):
 def test_cait_preset_with_overrides_trains(tmp_path):
     out = tmp_path / "o"
     assert run_cli("--model", "cait_xxs24", "--img-size", "28", "--patch-size", "4", "--in-chans", "1", "--depth",
-                   "1", "--embed-dim", "32", "--num-heads", "2", "--set", "depth_token_only=1", "--drop-path",
-                   "0.2", "--drop-path-rule", "uniform", "--limit-train", "64", "--limit-test", "32", "--batch-size",
-                   "32", "--epochs", "1", "--no-progress", "--output", str(out)) == 0
+                   "1", "--embed-dim", "32", "--num-heads", "2", "--set", "depth_token_only=1", "--set",
+                   "init_values=1e-5", "--drop-path", "0.2", "--drop-path-rule", "uniform", "--limit-train", "64",
+                   "--limit-test", "32", "--batch-size", "32", "--epochs", "1", "--no-progress",
+                   "--output", str(out)) == 0
     model = read_config(out)["model"]
     assert model["arch"] == "cait" and model["patch_size"] == 4 and model["depth_token_only"] == 1
     assert model["drop_path_rate"] == 0.2 and model["drop_path_rule"] == "uniform" and model["num_classes"] == 10
+    assert model["init_values"] == 1e-5
 
 
 def test_timm_model_trains_at_the_data_size(tmp_path):
@@ -256,13 +276,16 @@ def test_timm_model_trains_at_the_data_size(tmp_path):
 
 def test_yaml_config_with_cli_overrides(tmp_path):
     yaml_file = tmp_path / "run.yaml"
-    yaml_file.write_text("epochs: 1\nlr: 0.01\nbatch-size: 32\nmodel_overrides: {depth: 1, embed_dim: 16, "
-                         "num_heads: 2}\nlimit_train: 64\nlimit_test: 32\nprogress: false\n")
+    yaml_file.write_text("epochs: 1\nlr: 0.01\nweight_decay: 1e-2\nbatch-size: 32\nmodel_overrides: {depth: 1, "
+                         "embed_dim: 16, num_heads: 2, drop_path_rate: 1e-2}\nlimit_train: 64\nlimit_test: 32\n"
+                         "progress: false\ndataset: MNIST_5k\n")
     out = tmp_path / "o"
     assert run_cli("--config", str(yaml_file), "--lr", "0.005", "--depth", "2", "--output", str(out)) == 0
     config = read_config(out)
     assert config["run"]["lr"] == 0.005 and config["run"]["epochs"] == 1 and config["run"]["batch_size"] == 32
     assert config["model"]["depth"] == 2 and config["model"]["embed_dim"] == 16
+    assert config["run"]["weight_decay"] == 0.01 and config["model"]["drop_path_rate"] == 0.01  # YAML 1.1 "1e-2"
+    assert config["run"]["dataset"] == "mnist-5k" and config["run"]["degrees"] == 12.0  # digit defaults
 
 
 def test_bad_yaml_key_is_one_line(tmp_path, capsys):

@@ -85,6 +85,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     import yaml
 
     from vitlab.errors import ConfigError
+    from vitlab.train.config import numeric
 
     out = {}
     for item in items:
@@ -92,7 +93,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set global_pool=avg")
         try:
-            out[key.strip().replace("-", "_")] = yaml.safe_load(value) if value.strip() else None
+            out[key.strip().replace("-", "_")] = numeric(yaml.safe_load(value)) if value.strip() else None
         except yaml.YAMLError:
             out[key.strip().replace("-", "_")] = value
     return out

@@ -144,6 +144,16 @@ class RunConfig:
             raise ConfigError(f"scale {self.scale} must be two numbers 0 < low <= high, e.g. 0.9 1.1")
 
 
+_DATASET_ALIASES = {"mnist5k": "mnist-5k", "fashionmnist": "fashion-mnist", "cifar-10": "cifar10",
+                    "cifar-100": "cifar100", "image-folder": "imagefolder"}
+
+
+def canonical_dataset(name: str) -> str:
+    """``MNIST_5k`` -> ``mnist-5k`` etc. (unknown names pass through; loading them names the choices)."""
+    key = name.strip().lower().replace("_", "-")
+    return _DATASET_ALIASES.get(key.replace("-", ""), _DATASET_ALIASES.get(key, key))
+
+
 def size_defaults(num_train: int) -> dict[str, Any]:
     """The recipe row of :data:`SIZE_DEFAULTS` for a training set of ``num_train`` images."""
     return dict(next(row for bound, row in SIZE_DEFAULTS if num_train <= bound))
@@ -151,6 +161,17 @@ def size_defaults(num_train: int) -> dict[str, Any]:
 
 def model_defaults(dataset: str) -> dict[str, Any]:
     return dict(MODEL_DEFAULTS[DATA_KIND.get(dataset, "natural")])
+
+
+def numeric(value: Any) -> Any:
+    """``value`` with number-like strings made numbers (YAML 1.1 reads ``1e-4`` as a string)."""
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+    return value
 
 
 def _type_of(name: str) -> Any:
@@ -168,6 +189,8 @@ def _coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
     base = next(a for a in args if a is not type(None)) if is_union else tp
     origin = typing.get_origin(base) or base
     bad = ConfigError(f"{source}: {key} must be {getattr(origin, '__name__', origin)}, got {value!r}")
+    if origin in (int, float):
+        value = numeric(value)
     if origin is bool:
         if isinstance(value, bool):
             return value
@@ -192,7 +215,7 @@ def _coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise bad
-        return dict(value)
+        return {k: numeric(v) for k, v in value.items()}
     return value
 
 

@@ -32,7 +32,7 @@ from vitlab.train.checkpoint import (
     state_mismatch,
     weights_of,
 )
-from vitlab.train.config import RunConfig, model_defaults
+from vitlab.train.config import RunConfig, canonical_dataset, model_defaults
 from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
 from vitlab.train.evaluate import autocast, evaluate
 from vitlab.train.logging import METRICS, RunLogger
@@ -89,6 +89,7 @@ class Trainer:
                  on_step: Callable[[Trainer], None] | None = None) -> None:
         self.ctx, self.on_step, self.stop = ctx, on_step, StopRequest()
         self.device = ctx.device
+        cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
         state = load_train_state(resume) if resume is not None else None
         img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
         if state is not None:  # refuse another architecture before loading any data
@@ -137,6 +138,7 @@ class Trainer:
                              best_test_acc=0.0, best_epoch=0, train_time_s=0.0, wall_time_s=0.0,
                              train_images=0, skipped_steps=0, test_loss=None, test_acc=None)
         self._stop_votes = 0.0
+        self._clock = time.perf_counter()
         if state is not None:
             self._restore(state, resume)
         self.out_dir = self._output_dir(cfg, resume)
@@ -259,7 +261,7 @@ class Trainer:
         try:
             with self.stop:
                 while p["epoch"] < cfg.epochs:
-                    if not self._run_epoch(logger):
+                    if not self._run_epoch(logger) and p["epoch"] < cfg.epochs:
                         return self._interrupted()
             summary = self.summary()
             if logger is not None:
@@ -282,6 +284,7 @@ class Trainer:
         """Train the rest of the current epoch, evaluate, log and save; False when a stop was requested."""
         cfg, p = self.cfg, self.progress
         epoch = p["epoch"]
+        self._clock = time.perf_counter()
         order = epoch_order(len(self.train_data), cfg.seed, epoch).to(self.device)
         bar = logger.bar(epoch=epoch + 1, epochs=cfg.epochs, total=self.steps_per_epoch, initial=p["step"]) \
             if logger else None
@@ -290,9 +293,7 @@ class Trainer:
             while p["step"] < self.steps_per_epoch:
                 start = time.perf_counter()
                 loss = self._train_step(epoch, p["step"], order)
-                elapsed = time.perf_counter() - start
-                for key, value in (("train_time_s", elapsed), ("wall_time_s", elapsed), ("epoch_seconds", elapsed)):
-                    p[key] += value
+                p["train_time_s"] += time.perf_counter() - start
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.scheduler.get_last_lr():.2e}",
@@ -300,21 +301,21 @@ class Trainer:
                 if self.on_step is not None:
                     self.on_step(self)
                 if self._stop_agreed():
+                    self._tick()
                     self.save()
                     return False
                 if cfg.checkpoint_every and p["global_step"] % cfg.checkpoint_every == 0:
+                    self._tick()
                     self.save()
         finally:
             if bar is not None:
                 bar.close()
-        start = time.perf_counter()
         metrics = evaluate(self.eval_model, self.test_data, mean=self.mean, std=self.std,
                            batch_size=cfg.eval_batch_size, device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx)
-        elapsed = time.perf_counter() - start
-        p["wall_time_s"] += elapsed
+        self._tick()
         row = {"epoch": epoch + 1, "step": p["global_step"], "train_loss": p["loss_sum"] / max(p["seen"], 1),
                "test_loss": metrics["loss"], "test_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
-               "seconds": p["epoch_seconds"] + elapsed}
+               "seconds": p["epoch_seconds"]}
         if metrics["acc"] > p["best_test_acc"]:
             p["best_test_acc"], p["best_epoch"] = metrics["acc"], epoch + 1
         p.update(epoch=epoch + 1, step=0, loss_sum=0.0, seen=0, epoch_seconds=0.0, test_loss=metrics["loss"],
@@ -322,7 +323,14 @@ class Trainer:
         if logger is not None:
             logger.log_epoch(row)
         self.save()
-        return True
+        return not self._stop_agreed(sync=True)
+
+    def _tick(self) -> None:
+        """Add the wall time since the last tick to the run's and the epoch's clocks."""
+        now = time.perf_counter()
+        self.progress["wall_time_s"] += now - self._clock
+        self.progress["epoch_seconds"] += now - self._clock
+        self._clock = now
 
     def _train_step(self, epoch: int, step: int, order: torch.Tensor) -> float:
         cfg, p, ctx = self.cfg, self.progress, self.ctx
@@ -361,11 +369,15 @@ class Trainer:
         p["train_images"] += stats[1]
         return stats[0] / stats[1]
 
-    def _stop_agreed(self) -> bool:
-        """Every process stops at the same step once any of them got a signal."""
-        if self.ctx.distributed:
-            return bool(self._stop_votes) or self.stop.requested
-        return self.stop.requested
+    def _stop_agreed(self, sync: bool = False) -> bool:
+        """Every process stops at the same step once any of them got a signal (the votes travel with each
+        step's metrics; ``sync`` all-reduces them now, at an epoch end)."""
+        if not self.ctx.distributed:
+            return self.stop.requested
+        if sync:
+            votes = torch.tensor([float(self.stop.requested)], dtype=torch.float64, device=self.device)
+            self._stop_votes = self.ctx.all_reduce_sum(votes).item()
+        return bool(self._stop_votes)
 
     def _nonfinite_error(self, epoch: int, step: int, loss: float) -> NonFiniteLoss:
         cfg = self.cfg
