@@ -332,12 +332,15 @@ class PoolRunner:
             p.start()
             self.conns.append(parent)
             self.procs.append(p)
-        self.first_step_s = max(self._recv_all("ready"))
+        self.first_step_s = max(self._recv_all())
 
-    def _recv_all(self, expect: str) -> list:
+    def _recv_all(self) -> list:
         out = []
-        for conn in self.conns:
-            status, value = conn.recv()
+        for conn, proc in zip(self.conns, self.procs):
+            try:
+                status, value = conn.recv()
+            except EOFError:
+                status, value = "error", f"the worker exited with code {proc.exitcode} before answering"
             if status == "error":
                 self.close()
                 raise RuntimeError(f"benchmark worker failed:\n{value}")
@@ -347,12 +350,12 @@ class PoolRunner:
     def time(self, k: int) -> float:
         for conn in self.conns:
             conn.send(("time", k))
-        return max(self._recv_all("ok"))
+        return max(self._recv_all())
 
     def peak_bytes(self) -> int:
         for conn in self.conns:
             conn.send(("mem", None))
-        return sum(self._recv_all("ok"))
+        return sum(self._recv_all())
 
     def close(self) -> None:
         for conn in self.conns:
@@ -551,6 +554,11 @@ VIT_MNIST = ROWS[0]
 def lever_pair(row: Row, mode: str, base: tuple[str, Runtime], other: tuple[str, Runtime], device: str,
                args: argparse.Namespace, kind: str = "vitlab") -> dict:
     runners = {}
+    cold = other[1].compile and not args.quick
+    if cold:  # report the compile time a first run pays, not the on-disk cache's
+        import torch._inductor.config as inductor_config
+
+        inductor_config.force_disable_caches = True
     try:
         runners = {base[0]: make_runner(kind, row, mode, base[1], device),
                    other[0]: make_runner(kind, row, mode, other[1], device)}
@@ -559,6 +567,8 @@ def lever_pair(row: Row, mode: str, base: tuple[str, Runtime], other: tuple[str,
     finally:
         for r in runners.values():
             r.close()
+        if cold:
+            inductor_config.force_disable_caches = False
     ips = {n: row.batch / statistics.median(s) for n, s in samples.items()}
     return {"row": row.name, "mode": mode, "model": kind, "base": base[0], "base_images_per_s": ips[base[0]],
             "lever": other[0], "lever_images_per_s": ips[other[0]], "speedup": ips[other[0]] / ips[base[0]],
@@ -692,6 +702,11 @@ def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ",
              f"Large matmul: {report['matmul_gflops']:.0f} GFLOP/s ({report['matmul_note']})  ",
              f"Load average before/after: {report['load_before']} / {report['load_after']}"]
+    if loaded(report):
+        lines += ["", "**Measured on a loaded machine** (load average above half the cores): a step that uses several "
+                  "threads stalls whenever another process holds one of its cores, so the rows with a multi-threaded "
+                  "side are far from what a quiet machine gives; the `same runtime` rows and the levers measured "
+                  "with one thread per process are the robust comparisons. Re-run on a quiet machine."]
     if report["rows"]:
         lines += ["", "| row | mode | batch | vitlab img/s | timm img/s | vitlab/timm | goal | vitlab MFU | timm MFU "
                   "| vitlab peak MB | timm peak MB | vitlab runtime | timm runtime |",
@@ -730,6 +745,14 @@ def markdown(report: dict) -> str:
     if report.get("scaling"):
         lines += ["", "Scaling figures: " + ", ".join(report["scaling"]["png"])]
     return "\n".join(lines) + "\n"
+
+
+def loaded(report: dict) -> bool:
+    """Whether other work kept the machine busy: the 1-minute load average before the run (after it, the
+    run's own load counts) exceeded half the cores."""
+    with contextlib.suppress(ValueError, IndexError, KeyError, AttributeError):
+        return float(report["load_before"].split()[0]) > max(1, perf.cpu_cores()) / 2
+    return False
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -36,12 +36,13 @@ def _run_bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------------------------------------- vitlab.perf
 @pytest.mark.parametrize("batch,tokens,cores,procs,threads", [
     (128, 17, 2, 2, 1),  # vit_mnist: 64 images x 17 tokens per process
-    (32, 17, 2, 1, 2),  # 16 x 17 = 272 tokens per process: too little work to split
+    (16, 17, 2, 1, 2),  # 8 x 17 = 136 tokens per process: too little work to split
     (16, 201, 2, 2, 1),  # 224 px inference: 8 images of 201 tokens per process
     (127, 65, 2, 1, 2),  # an odd batch cannot split evenly
     (128, 17, 1, 1, 1),
     (96, 65, 4, 4, 1),
-    (12, 200, 4, 2, 2),  # 3 or 4 processes would get too little work: 2 of 2 threads each
+    (12, 65, 4, 3, 1),  # 4 x 65 = 260 tokens each; 4 processes would get 195
+    (8, 65, 4, 2, 2),  # 2 processes of 2 threads each
 ])
 def test_cpu_plan(batch: int, tokens: int, cores: int, procs: int, threads: int) -> None:
     plan = perf.cpu_plan(batch, tokens, cores=cores)

@@ -23,7 +23,7 @@ import torch
 from vitlab.errors import ConfigError
 
 # below this many tokens per process (rows of its GEMMs) a slice of the batch cannot keep a core busy
-MIN_TOKENS_PER_PROC = 1024
+MIN_TOKENS_PER_PROC = 256
 
 
 def cpu_cores() -> int:

@@ -97,8 +97,13 @@ class Trainer:
             probe = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(classes), img_size=img_size,
                                    in_chans=in_chans)
             self._check_architecture(probe, state, resume)
+        self.out_dir = self._output_dir(cfg, resume)
+        if not ctx.is_main:  # rank 0 downloads first
+            ctx.barrier()
         train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
                                                in_chans=in_chans, download=cfg.download and ctx.is_main)
+        if ctx.is_main:
+            ctx.barrier()
         train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
         cfg = cfg.resolve(len(train_split))
         cfg = cfg.replace(model_overrides=self._model_overrides(cfg))
@@ -141,7 +146,7 @@ class Trainer:
         self._clock = time.perf_counter()
         if state is not None:
             self._restore(state, resume)
-        self.out_dir = self._output_dir(cfg, resume)
+        self._prepare_output(resume)
         self.train_model = self._wrap(self.model)
 
     # ------------------------------------------------------------------------------------------ setup
@@ -194,18 +199,22 @@ class Trainer:
         return model
 
     def _output_dir(self, cfg: RunConfig, resume: str | Path | None) -> Path:
+        """The output folder (the same on every process); refuses to overwrite another run's checkpoint."""
         out = Path(cfg.output) if cfg.output else (Path(resume) if resume else default_output(cfg))
         out = Path(self.ctx.broadcast_object(str(out)))
-        if self.ctx.is_main:
-            if resume is None and (out / CONFIG).exists():
-                raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick "
-                                  "another --output (or delete the folder)")
-            out.mkdir(parents=True, exist_ok=True)
-            if resume is not None and Path(resume).resolve() != out.resolve():
-                src = Path(resume) / METRICS
-                if src.is_file():
-                    shutil.copyfile(src, out / METRICS)
+        if resume is None and (out / CONFIG).exists():
+            raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick "
+                              "another --output (or delete the folder)")
         return out
+
+    def _prepare_output(self, resume: str | Path | None) -> None:
+        if not self.ctx.is_main:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume is not None and Path(resume).resolve() != self.out_dir.resolve():
+            src = Path(resume) / METRICS
+            if src.is_file():
+                shutil.copyfile(src, self.out_dir / METRICS)
 
     @staticmethod
     def _check_architecture(model: nn.Module, state: dict[str, Any], resume: str | Path) -> None:
