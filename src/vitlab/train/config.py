@@ -8,9 +8,9 @@ filled by :func:`resolve` once the data set is loaded.
 from __future__ import annotations
 
 import dataclasses
-import re
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
