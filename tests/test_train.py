@@ -209,6 +209,15 @@ def test_sigterm_to_a_real_process(tmp_path):
     assert main(["train", "--resume", str(out), "--epochs", str(load_train_state(out)["progress"]["epoch"] + 1)]) == 0
 
 
+def test_resume_a_moved_folder_writes_there(tmp_path):
+    first = tmp_path / "first"
+    assert train(RunConfig(epochs=2, **TINY_CFG, output=str(first)), on_step=stop_at(2)).exit_code == 143
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    assert run_cli("--resume", str(moved)) == 0
+    assert not first.exists() and [r["epoch"] for r in metrics(moved)] == [1, 2]
+
+
 def test_checkpoint_every_saves_mid_epoch(tmp_path):
     out = tmp_path / "o"
     seen = []

@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
                               f"{'it' if len(changed) == 1 else 'them'}, or start a new run with another --output")
         if "model_overrides" in options:
             options["model_overrides"] = {**stored["model_overrides"], **options["model_overrides"]}
+        options.setdefault("output", resume)  # the folder resumed, wherever it was first written
         cfg = cfg.replace(**options)
     else:
         cfg = RunConfig.from_dict(options, "command line")

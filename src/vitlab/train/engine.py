@@ -36,7 +36,7 @@ from vitlab.train.config import RunConfig, canonical_dataset, model_defaults
 from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
 from vitlab.train.evaluate import autocast, evaluate
 from vitlab.train.logging import METRICS, RunLogger
-from vitlab.train.models import create_for_run, is_timm, model_input, spec_label, spec_of
+from vitlab.train.models import create_for_run, is_timm, model_input, model_macs, spec_label, spec_of
 from vitlab.train.optim import WarmupCosine, build_optimizer
 from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
@@ -424,13 +424,3 @@ class Trainer:
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
                 "flops": 2 * macs if macs is not None else None, "skipped_steps": p["skipped_steps"],
                 "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads()}
-
-
-def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
-    """Multiply-accumulates per image: vitlab's ``flop_count()``, else ``FlopCounterMode`` (matmul FLOPs / 2)."""
-    if hasattr(model, "flop_count"):
-        return int(model.flop_count())
-    from vitlab.flops import torch_flops  # MATH attention backend: the fused CPU kernel is not counted
-
-    x = torch.zeros(1, data["in_chans"], data["img_size"], data["img_size"], device=next(model.parameters()).device)
-    return torch_flops(model, x) // 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from vitlab.errors import CheckpointError, ConfigError
@@ -128,7 +129,7 @@ def spec_label(spec: dict[str, Any]) -> str:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module under DistributedDataParallel / torch.compile / EMA wrappers."""
+    """The plain module under DistributedDataParallel / torch.compile wrappers."""
     while True:
         if hasattr(model, "_orig_mod"):
             model = model._orig_mod
@@ -136,3 +137,13 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model.module
         else:
             return model
+
+
+def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
+    """Multiply-accumulates per image: vitlab's ``flop_count()``, else ``FlopCounterMode`` (matmul FLOPs / 2)."""
+    if hasattr(model, "flop_count"):
+        return int(model.flop_count())
+    from vitlab.flops import torch_flops  # MATH attention backend: the fused CPU kernel is not counted
+
+    x = torch.zeros(1, data["in_chans"], data["img_size"], data["img_size"], device=next(model.parameters()).device)
+    return torch_flops(model, x) // 2
