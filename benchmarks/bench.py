@@ -761,6 +761,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the results from other users
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
