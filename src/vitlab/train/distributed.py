@@ -7,6 +7,7 @@ gradients, metrics are summed with ``all_reduce`` and only rank 0 writes files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,10 @@ class DistContext:
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
+            # meet before tearing down: a rank that destroys its gloo pairs while a peer is still using them
+            # can make that peer abort (seen once in CI as SIGABRT); a dead peer makes the barrier fail fast
+            with contextlib.suppress(Exception):
+                dist.barrier()
             dist.destroy_process_group()
 
 
