@@ -25,11 +25,11 @@ from safetensors.torch import load_file
 from torch import nn
 
 import vitlab
+from vitlab import atomic as atomic_module
 from vitlab.cli import main
 from vitlab.data import load_dataset, load_image
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.interop import load_pretrained, read_weights, save_weights
-from vitlab.train import checkpoint as ckpt_module
 from vitlab.train import engine
 from vitlab.train.checkpoint import load_model, load_train_state, read_config, save_checkpoint
 from vitlab.train.config import RunConfig, load_yaml
@@ -470,7 +470,7 @@ def _disk_full(*args, **kwargs) -> None:
 def test_a_failed_summary_write_keeps_the_previous_summary(tmp_path, monkeypatch) -> None:
     logger = RunLogger(tmp_path, progress=False)
     logger.write_summary({"ok": 1})
-    monkeypatch.setattr(ckpt_module.os, "fsync", _disk_full)  # the new text is in the temporary file, unsynced
+    monkeypatch.setattr(atomic_module.os, "fsync", _disk_full)  # the new text is in the temporary file, unsynced
     with pytest.raises(OSError, match="disk full"):
         logger.write_summary({"ok": 2})
     monkeypatch.undo()

@@ -7,43 +7,22 @@ so the folder can be copied anywhere and opened in a browser without a network.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import html
 import json
 import math
-import os
 import platform
 import shlex
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from vitlab.atomic import atomic_path
 from vitlab.errors import ConfigError
 
 Rows = list[dict[str, Any]]
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on error removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -15,11 +15,8 @@ leaves the previous file intact and no partial file under the final name.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,31 +24,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.atomic import atomic_path
 from vitlab.errors import CheckpointError
 from vitlab.models import build_model, get_config
 from vitlab.train.models import TIMM_PREFIX, create_timm, is_timm, model_from_spec, spec_label, spec_of, unwrap
 
 FORMAT = "vitlab-checkpoint/1"
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 WEIGHTS, CONFIG, STATE = "model.safetensors", "config.json", "state.pt"
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        write(str(tmp))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
