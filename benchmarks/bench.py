@@ -133,6 +133,7 @@ class Runtime:
 
     threads: int | None = None  # per process; None: torch's default
     procs: int = 1  # data-parallel processes (DDP over gloo when training)
+    slices: int = 1  # concurrent batch slices on a thread pool in one process (vitlab.perf.sliced_*)
     adamw: str = "default"  # default (torch's choice: the per-parameter loop on CPU) | loop | foreach | fused
     compile: bool = False
     fused_attn: bool | None = None  # vitlab attention: None picks per call, True SDPA, False explicit
@@ -140,7 +141,12 @@ class Runtime:
 
     def label(self, mode: str = "train") -> str:
         threads = self.threads or DEFAULT_THREADS
-        parts = [f"{self.procs} procs x {threads} thr" if self.procs > 1 else f"{threads} thr"]
+        if self.procs > 1:
+            parts = [f"{self.procs} procs x {threads} thr"]
+        elif self.slices > 1:
+            parts = [f"{self.slices} slices x {threads} thr"]
+        else:
+            parts = [f"{threads} thr"]
         if mode == "train":
             parts.append(f"AdamW {self.adamw}")
         if self.compile:
@@ -156,13 +162,13 @@ TIMM_RUNTIME = Runtime()
 
 
 def vitlab_runtime(row: Row, mode: str, device: str) -> Runtime:
-    """vitlab's settings (vitlab.perf): on CPU one single-threaded process per core when the batch allows."""
+    """vitlab's settings (vitlab.perf): on CPU one single-threaded batch slice per core when the batch allows."""
     if device != "cpu":
         return Runtime(adamw="fused")
     model = vitlab_model(row)
     tokens = model.num_prefix_tokens + model.num_patches
     plan = perf.cpu_plan(row.batch, tokens, cores=max(DEFAULT_THREADS, 1))
-    return Runtime(threads=plan.threads, procs=plan.procs, adamw="fused")
+    return Runtime(threads=plan.threads, slices=plan.slices, adamw="fused")
 
 
 def make_optimizer(model: nn.Module, impl: str, recipe: dict | None = None) -> torch.optim.Optimizer:
@@ -227,19 +233,25 @@ class Runner:
             model.eval()
         self.first_step_s = 0.0
 
+    def _loss(self, start: int, stop: int) -> torch.Tensor:
+        with autocast(self.device):
+            return F.cross_entropy(self.net(self.x[start:stop]), self.y[start:stop],
+                                   label_smoothing=self.recipe.get("label_smoothing", 0.0))
+
+    def _infer(self, x: torch.Tensor) -> torch.Tensor:
+        with autocast(self.device):
+            return self.net(x)
+
     def step(self) -> None:
         if self.mode == "train":
-            with autocast(self.device):
-                loss = F.cross_entropy(self.net(self.x), self.y,
-                                       label_smoothing=self.recipe.get("label_smoothing", 0.0))
-            loss.backward()
+            perf.sliced_backward(self._loss, len(self.x), self.model.parameters(), self.rt.slices)
             if self.recipe.get("clip_grad"):
                 nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe["clip_grad"])
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         else:
-            with torch.inference_mode(), autocast(self.device):
-                self.net(self.x)
+            with torch.inference_mode():
+                perf.sliced_forward(self._infer, self.x, self.rt.slices)
 
     def time(self, k: int) -> float:
         perf.set_threads(self.threads)
@@ -266,7 +278,7 @@ class Runner:
             live += [v for s in self.opt.state.values() for v in s.values() if torch.is_tensor(v)]
         base = sum(t.numel() * t.element_size() for t in live)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            self.step()
+            self._memory_step()
         events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                         key=lambda e: e.start_ns())
         cur = high = 0
@@ -274,6 +286,24 @@ class Runner:
             cur += e.nbytes()
             high = max(high, cur)
         return base + high
+
+    def _memory_step(self) -> None:
+        """The step, for the memory profiler, which sees only this thread: concurrent slices are replayed
+        here with every slice's forward alive before the backward (their peak when they run at once)."""
+        if self.rt.slices == 1:
+            return self.step()
+        bounds = perf.slice_bounds(len(self.x), self.rt.slices)
+        if self.mode == "train":
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            loss = sum(self._loss(a, b) * (b - a) / len(self.x) for a, b in bounds)
+            for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True)):
+                p.grad = g
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        else:
+            with torch.inference_mode():
+                outs = [self._infer(self.x[a:b]) for a, b in bounds]
+                del outs
 
     def close(self) -> None:
         pass
@@ -444,7 +474,8 @@ def measure_row(row: Row, mode: str, device: str, args: argparse.Namespace) -> l
     runtime too, all runners interleaved; one Result per comparison."""
     vl_rt = vitlab_runtime(row, mode, device)
     if args.vitlab_procs:
-        vl_rt = replace(vl_rt, procs=args.vitlab_procs, threads=max(1, DEFAULT_THREADS // args.vitlab_procs))
+        vl_rt = replace(vl_rt, procs=args.vitlab_procs, slices=1,
+                        threads=max(1, DEFAULT_THREADS // args.vitlab_procs))
     runners: dict[str, Runner | PoolRunner] = {}
     try:
         runners["vitlab"] = make_runner("vitlab", row, mode, vl_rt, device)
@@ -487,8 +518,9 @@ def e2e(device: str, args: argparse.Namespace) -> list[dict]:
     row = quick_row(VIT_MNIST) if args.quick else VIT_MNIST
     runtimes = [Runtime(threads=1, adamw="trainer")]
     plan = vitlab_runtime(row, "train", device)
-    if plan.procs > 1:
+    if plan.slices > 1:  # the plan in one process (the trainer's default), and as torchrun processes
         runtimes.append(replace(plan, adamw="trainer"))
+        runtimes.append(replace(plan, procs=plan.slices, slices=1, adamw="trainer"))
     return [e2e_one(rt, device, args) for rt in runtimes] if device == "cpu" else [
         e2e_one(Runtime(adamw="trainer"), device, args)]
 
@@ -501,7 +533,7 @@ def e2e_one(rt: Runtime, device: str, args: argparse.Namespace) -> dict:
         cmd[cmd.index("--epochs") + 1] = "1"
         cmd += ["--limit-train", "128", "--limit-test", "64", "--batch-size", "32"]
     if device == "cpu":
-        cmd += ["--threads", str(rt.threads or DEFAULT_THREADS)]
+        cmd += ["--threads", str(rt.threads or DEFAULT_THREADS), "--slices", str(rt.slices)]
     launch = [sys.executable, "-m"]
     if rt.procs > 1:
         launch += ["torch.distributed.run", "--standalone", f"--nproc_per_node={rt.procs}", "-m"]
@@ -587,9 +619,12 @@ def levers(device: str, args: argparse.Namespace) -> list[dict]:
         (("eager", t1), ("torch.compile", replace(t1, compile=True))),
         (("1 proc x 1 thread", t1), ("2 procs x 1 thread (DDP)", replace(t1, procs=2))),
         (("1 proc x 2 threads", replace(t1, threads=2)), ("2 procs x 1 thread (DDP)", replace(t1, procs=2))),
+        (("1 proc x 2 threads", replace(t1, threads=2)), ("2 slices x 1 thread", replace(t1, slices=2))),
+        (("2 procs x 1 thread (DDP)", replace(t1, procs=2)), ("2 slices x 1 thread", replace(t1, slices=2))),
     ]
     if device != "cpu":  # threads and gloo processes are CPU levers
-        pairs = [(b, o) for b, o in pairs if b[1].procs == o[1].procs == 1 and b[1].threads == o[1].threads]
+        pairs = [(b, o) for b, o in pairs if b[1].procs == o[1].procs == 1 and b[1].threads == o[1].threads
+                 and b[1].slices == o[1].slices]
     out = []
     for base, other in pairs:
         print(f"  lever: {base[0]} -> {other[0]}", flush=True)

@@ -34,27 +34,7 @@ def _run_bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 # ----------------------------------------------------------------------------------------------- vitlab.perf
-@pytest.mark.parametrize("batch,tokens,cores,procs,threads", [
-    (128, 17, 2, 2, 1),  # vit_mnist: 64 images x 17 tokens per process
-    (16, 17, 2, 1, 2),  # 8 x 17 = 136 tokens per process: too little work to split
-    (16, 201, 2, 2, 1),  # 224 px inference: 8 images of 201 tokens per process
-    (127, 65, 2, 1, 2),  # an odd batch cannot split evenly
-    (128, 17, 1, 1, 1),
-    (96, 65, 4, 4, 1),
-    (12, 65, 4, 3, 1),  # 4 x 65 = 260 tokens each; 4 processes would get 195
-    (8, 65, 4, 2, 2),  # 2 processes of 2 threads each
-])
-def test_cpu_plan(batch: int, tokens: int, cores: int, procs: int, threads: int) -> None:
-    plan = perf.cpu_plan(batch, tokens, cores=cores)
-    assert (plan.procs, plan.threads) == (procs, threads)
-    assert plan.torchrun == (f"torchrun --nproc_per_node={procs}" if procs > 1 else "")
-
-
-def test_cpu_plan_rejects_bad_sizes() -> None:
-    with pytest.raises(ConfigError, match="batch_size"):
-        perf.cpu_plan(0, 17)
-    with pytest.raises(ConfigError, match="tokens_per_image"):
-        perf.cpu_plan(8, 0)
+# cpu_plan and the sliced steps: tests/test_slices.py
 
 
 def test_set_threads() -> None:

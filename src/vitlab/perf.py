@@ -7,18 +7,26 @@ processes only change how the same arithmetic is scheduled.
   CUDA in torch >= 2.4), else the multi-tensor ``foreach`` one; on CPU torch's own default is the slow
   per-parameter loop.
 - ``cpu_plan`` says how to spend the cores: a small ViT's step is a chain of small kernels that two
-  threads cannot share well, so one single-threaded process per core (DDP over gloo when training,
-  each with its slice of the global batch) beats one process with every core.
+  intra-op threads cannot share well, so it is faster to split the batch into one slice per core and run
+  the slices concurrently, each on one single-threaded worker (``sliced_backward`` / ``sliced_forward``
+  in one process, or one process per slice under ``torchrun``).
+- ``sliced_backward`` computes the gradient of a batch's mean loss as the weighted sum of its slices'
+  gradients, taken concurrently on a thread pool (torch releases the GIL inside its kernels) and summed in
+  slice order, so the result does not depend on which thread finishes first. Random layers draw from the
+  slice's own generator (:func:`slice_generator`), seeded from the global one.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
 
@@ -84,23 +92,124 @@ def adamw(params: Iterable, *, impl: str = "auto", **kwargs) -> torch.optim.Adam
 
 @dataclass(frozen=True)
 class CpuPlan:
-    """How to run a CPU training step: ``procs`` data-parallel processes of ``threads`` threads each."""
+    """How to run a CPU step: the batch in ``slices`` concurrent slices, ``threads`` intra-op threads each."""
 
-    procs: int
+    slices: int
     threads: int
 
     @property
     def torchrun(self) -> str:
-        return f"torchrun --nproc_per_node={self.procs}" if self.procs > 1 else ""
+        """The launcher for one process per slice (the multi-process form of the same plan)."""
+        return f"torchrun --nproc_per_node={self.slices}" if self.slices > 1 else ""
 
 
 def cpu_plan(batch_size: int, tokens_per_image: int = 1, *, cores: int | None = None) -> CpuPlan:
-    """One single-threaded process per core when the global batch splits evenly into per-process slices of
-    at least ``MIN_TOKENS_PER_PROC`` tokens; otherwise fewer processes, each with a share of the cores."""
+    """One single-threaded slice per core when the batch splits evenly into slices of at least
+    ``MIN_TOKENS_PER_PROC`` tokens; otherwise fewer slices, each with a share of the cores."""
     if batch_size < 1 or tokens_per_image < 1:
         raise ConfigError(f"batch_size and tokens_per_image must be >= 1, got {batch_size} and {tokens_per_image}")
     cores = cores or cpu_cores()
-    procs = cores
-    while procs > 1 and (batch_size % procs or batch_size // procs * tokens_per_image < MIN_TOKENS_PER_PROC):
-        procs -= 1
-    return CpuPlan(procs=procs, threads=max(1, cores // procs))
+    slices = cores
+    while slices > 1 and (batch_size % slices or batch_size // slices * tokens_per_image < MIN_TOKENS_PER_PROC):
+        slices -= 1
+    return CpuPlan(slices=slices, threads=max(1, cores // slices))
+
+
+# ----------------------------------------------------------------------------------- sliced (threaded) steps
+_local = threading.local()
+
+
+def slice_generator() -> torch.Generator | None:
+    """The generator of the batch slice this thread is computing (inside :func:`sliced_backward`), else None:
+    random layers pass it to their draws so that each slice's randomness does not depend on thread timing."""
+    return getattr(_local, "generator", None)
+
+
+@functools.cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(workers, thread_name_prefix="vitlab-slice")
+
+
+def slice_bounds(batch_size: int, slices: int) -> list[tuple[int, int]]:
+    """``slices`` contiguous row ranges covering ``batch_size`` rows, sizes differing by at most one."""
+    if slices < 1:
+        raise ConfigError(f"slices must be >= 1, got {slices}")
+    slices = min(slices, max(batch_size, 1))
+    cuts = [batch_size * i // slices for i in range(slices + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(slices)]
+
+
+def rng_is_thread_safe(model: nn.Module) -> bool:
+    """Whether ``model``'s random layers, as configured now, draw from :func:`slice_generator`: true when
+    every active one is vitlab's DropPath; dropout (whose draws use the global generator) makes it false."""
+    from vitlab.layers.drop_path import DropPath
+
+    for m in model.modules():
+        if not m.training:
+            continue
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return False
+        if not isinstance(m, DropPath) and getattr(m, "drop_prob", 0.0):  # e.g. timm's DropPath
+            return False
+    return True
+
+
+def _run_slices(work: Callable[[int, int], object], bounds: Sequence[tuple[int, int]],
+                generators: Sequence[torch.Generator | None]) -> list:
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def one(i: int):  # grad and inference mode are per thread: carry the caller's over
+        _local.generator = generators[i]
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                return work(*bounds[i])
+        finally:
+            _local.generator = None
+
+    if len(bounds) == 1:
+        return [one(0)]
+    futures = [_pool(len(bounds)).submit(one, i) for i in range(len(bounds))]
+    return [f.result() for f in futures]
+
+
+def sliced_backward(loss_fn: Callable[[int, int], Tensor], batch_size: int, params: Iterable[Tensor],
+                    slices: int) -> Tensor:
+    """Accumulate into each parameter's ``.grad`` the gradient of the batch's mean loss and return that loss
+    (detached), computing ``loss_fn(start, stop)`` (the mean loss of rows ``start:stop``) on ``slices``
+    threads at once. The slices' gradients, weighted by their share of the rows, are summed in slice order:
+    the same gradient as one backward over the batch up to float rounding, the same bits on every run.
+    With one slice it is ``loss.backward()``. Call it with one intra-op thread per slice."""
+    params = [p for p in params if p.requires_grad]
+    bounds = slice_bounds(batch_size, slices)
+    if len(bounds) == 1:
+        loss = loss_fn(0, batch_size)
+        loss.backward()
+        return loss.detach()
+    seeds = torch.randint(0, 2**62, (len(bounds),)).tolist()  # from the global generator: reproducible
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+
+    def work(start: int, stop: int) -> tuple[Tensor, tuple]:
+        w = (stop - start) / batch_size
+        loss = loss_fn(start, stop) * w
+        return loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)
+
+    results = _run_slices(work, bounds, generators)
+    for i, p in enumerate(params):
+        total = None
+        for _, grads in results:
+            g = grads[i]
+            if g is not None:
+                total = g if total is None else total.add_(g)  # slice order; the first slice's tensor is ours
+        if total is not None:
+            p.grad = total if p.grad is None else p.grad.add_(total)
+    return torch.stack([loss for loss, _ in results]).sum()
+
+
+def sliced_forward(fn: Callable[[Tensor], Tensor], x: Tensor, slices: int) -> Tensor:
+    """``fn(x)`` for a batch-wise ``fn``, computed as ``slices`` row slices on as many threads and
+    concatenated (inference: same outputs as one call up to float rounding)."""
+    bounds = slice_bounds(x.shape[0], slices)
+    if len(bounds) == 1:
+        return fn(x)
+    outs = _run_slices(lambda a, b: fn(x[a:b]), bounds, [None] * len(bounds))
+    return torch.cat(outs)

@@ -9,7 +9,7 @@ from typing import Any
 # CLI flag -> ModelConfig field (timm: keyword argument)
 MODEL_FLAGS = ("img_size", "patch_size", "in_chans", "depth", "embed_dim", "num_heads", "mlp_ratio", "gate", "attn")
 # run options a resumed run may change without breaking the continuation
-RESUMABLE = {"epochs", "output", "progress", "checkpoint_every", "device", "threads", "eval_batch_size",
+RESUMABLE = {"epochs", "output", "progress", "checkpoint_every", "device", "threads", "slices", "eval_batch_size",
              "skip_nonfinite", "data_dir", "download", "compile", "model", "model_overrides"}
 
 
@@ -72,7 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--device", default=S, help="auto (default) | cpu | cuda | cuda:N")
     g.add_argument("--amp", choices=("auto", "bf16", "off"), default=S, help="auto: bf16 autocast on CUDA")
     g.add_argument("--compile", action="store_true", default=S, help="torch.compile the model")
-    g.add_argument("--threads", type=int, default=S, help="torch CPU threads")
+    g.add_argument("--threads", type=int, default=S, help="torch CPU threads (per slice)")
+    g.add_argument("--slices", type=int, default=S, metavar="N",
+                   help="CPU: split each batch into N slices computed at once on N threads (default: one per "
+                   "core for small models when the batch splits evenly; 1 when --threads is given)")
     g.add_argument("--eval-batch-size", type=int, default=S)
     g.add_argument("--checkpoint-every", type=int, default=S, metavar="N", help="also save every N steps")
     g.add_argument("--skip-nonfinite", action="store_true", default=S, help="skip steps with a NaN/inf loss")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
+from vitlab.perf import slice_generator
 
 __all__ = ["DropPath", "drop_path_rates", "DROP_PATH_RULES"]
 
@@ -28,7 +29,8 @@ class DropPath(nn.Module):
         if not self.training or self.drop_prob == 0.0:
             return x
         keep = 1.0 - self.drop_prob
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # (B, 1, ..., 1)
+        # inside a sliced step each slice draws from its own generator (None: the global one)
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep, generator=slice_generator())
         return x * mask.div_(keep)
 
     def extra_repr(self) -> str:

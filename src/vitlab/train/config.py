@@ -90,6 +90,7 @@ class RunConfig:
     amp: str = "auto"  # auto: bf16 autocast on CUDA, off on CPU
     compile: bool = False
     threads: int | None = None  # torch intra-op threads (None: torch's default, or cores / processes)
+    slices: int | None = None  # CPU: the batch as N concurrent slices (None: vitlab.perf.cpu_plan's choice)
     eval_batch_size: int = 1000
     checkpoint_every: int = 0  # also save every N steps (0: only at epoch ends)
     skip_nonfinite: bool = False
@@ -123,7 +124,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the fix for an impossible value."""
-        positive = ("epochs", "batch_size", "eval_batch_size", "limit_train", "limit_test", "threads")
+        positive = ("epochs", "batch_size", "eval_batch_size", "limit_train", "limit_test", "threads", "slices")
         for key in positive:
             v = getattr(self, key)
             if v is not None and v <= 0:

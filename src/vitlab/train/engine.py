@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab import perf
 from vitlab.data import DataSplit, load_dataset, normalization
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.train.batches import BatchPipeline, epoch_order, subset
@@ -36,7 +37,7 @@ from vitlab.train.config import RunConfig, canonical_dataset, model_defaults
 from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
 from vitlab.train.evaluate import autocast, evaluate
 from vitlab.train.logging import METRICS, RunLogger
-from vitlab.train.models import create_for_run, is_timm, model_input, model_macs, spec_label, spec_of
+from vitlab.train.models import create_for_run, is_timm, model_input, model_macs, spec_label, spec_of, token_count
 from vitlab.train.optim import WarmupCosine, build_optimizer
 from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
@@ -123,7 +124,7 @@ class Trainer:
         model = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(self.classes), img_size=img_size,
                                in_chans=in_chans)
         self.model = model.to(self.device)
-        self._set_threads(cfg)
+        self.slices = self._plan_cpu(cfg)
         self.train_data = self._to_device(train_split)
         self.test_data = self._to_device(test_split)
         self.pipeline = BatchPipeline(cfg, self.mean, self.std, len(self.classes), in_chans)
@@ -151,18 +152,41 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ setup
 
-    def _set_threads(self, cfg: RunConfig) -> None:
-        """CPU threads: ``--threads``, else ``OMP_NUM_THREADS`` when set, else one thread for small models
+    def _plan_cpu(self, cfg: RunConfig) -> int:
+        """Set the CPU threads and return the number of concurrent batch slices (``vitlab.perf``).
+
+        Slices: ``--slices``, else one per core (``perf.cpu_plan``) for a small model in one process when
+        the batch splits into slices of at least 256 tokens, the model draws its randomness only through
+        vitlab's DropPath and neither ``--threads`` nor ``--compile`` is given; else 1. Threads: ``--threads``,
+        else one per slice when slicing, else ``OMP_NUM_THREADS`` when set, else one thread for small models
         (below :data:`SMALL_MODEL_MACS`, whose tiny matmuls gain nothing from intra-op threads and lose much
         on a busy machine) and the cores shared among the local processes for bigger ones."""
         if self.device.type != "cpu":
-            return
+            if cfg.slices and cfg.slices > 1:
+                raise ConfigError(f"--slices {cfg.slices} is a CPU option; drop it on {self.device}")
+            return 1
+        macs = model_macs(self.model, self.data_info) or 0
+        slices = cfg.slices or 1
+        why_not = None
+        if self.ctx.distributed:
+            why_not = "under torchrun each process is one slice"
+        elif cfg.compile:
+            why_not = "a compiled model runs one slice"
+        elif not perf.rng_is_thread_safe(self.model.train()):
+            why_not = "the model has dropout, whose random draws would depend on thread timing"
+        if cfg.slices and cfg.slices > 1 and why_not:
+            raise ConfigError(f"--slices {cfg.slices}: {why_not}; use --slices 1")
+        tokens = token_count(self.model)
+        if cfg.slices is None and not why_not and not cfg.threads and macs < SMALL_MODEL_MACS and tokens:
+            slices = perf.cpu_plan(cfg.batch_size, tokens).slices
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        elif slices > 1:
+            torch.set_num_threads(max(1, perf.cpu_cores() // slices))
         elif "OMP_NUM_THREADS" not in os.environ:
-            macs = model_macs(self.model, self.data_info) or 0
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(1 if macs < SMALL_MODEL_MACS else max(1, (os.cpu_count() or 1) // local))
+        return slices
 
     @staticmethod
     def _model_overrides(cfg: RunConfig) -> dict[str, Any]:
@@ -284,6 +308,8 @@ class Trainer:
         c, d = self.cfg, self.data_info
         params = sum(t.numel() for t in self.model.parameters())
         where = f"{self.device}" + (f" x {self.ctx.world_size} processes" if self.ctx.distributed else "")
+        if self.slices > 1:
+            where += f" ({self.slices} slices x {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)})"
         print(f"vitlab train: {c.model} ({params / 1e6:.2f}M params) on {c.dataset} ({d['num_train']} train / "
               f"{d['num_test']} test, {d['in_chans']}x{d['img_size']}x{d['img_size']}), {c.epochs} epochs x "
               f"{self.steps_per_epoch} steps of {c.batch_size}, lr {c.lr:g}, {where}; output {self.out_dir}",
@@ -320,7 +346,8 @@ class Trainer:
             if bar is not None:
                 bar.close()
         metrics = evaluate(self.eval_model, self.test_data, mean=self.mean, std=self.std,
-                           batch_size=cfg.eval_batch_size, device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx)
+                           batch_size=cfg.eval_batch_size, device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx,
+                           slices=self.slices)
         self._tick()
         row = {"epoch": epoch + 1, "step": p["global_step"], "train_loss": p["loss_sum"] / max(p["seen"], 1),
                "test_loss": metrics["loss"], "test_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
@@ -347,11 +374,14 @@ class Trainer:
         gen = generator(derive_seed(cfg.seed, epoch, step, ctx.rank, AUG_STREAM))
         idx = shard(order[step * cfg.batch_size:(step + 1) * cfg.batch_size], ctx)
         x, y = self.pipeline.train_batch(self.train_data.images[idx], self.train_data.labels[idx], gen)
-        with autocast(self.device, self.amp_dtype):
-            logits = self.train_model(x)
-        loss = self.criterion(logits.float(), y)
+
+        def loss_of(start: int, stop: int) -> torch.Tensor:  # the mean loss of rows start:stop
+            with autocast(self.device, self.amp_dtype):
+                logits = self.train_model(x[start:stop])
+            return self.criterion(logits.float(), y[start:stop])
+
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = perf.sliced_backward(loss_of, len(x), self.model.parameters(), self.slices)
         finite = torch.isfinite(loss.detach())
         # the gradient norm is checked even without clipping (max_norm inf scales by exactly 1): a finite loss
         # with NaN/inf gradients would otherwise poison the weights and the next checkpoint
@@ -423,4 +453,5 @@ class Trainer:
                 "wall_time_s": p["wall_time_s"], "train_time_s": p["train_time_s"],
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
                 "flops": 2 * macs if macs is not None else None, "skipped_steps": p["skipped_steps"],
-                "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads()}
+                "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads(),
+                "slices": self.slices}

@@ -22,10 +22,13 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
 @torch.no_grad()
 def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std: tuple[float, ...],
              batch_size: int, device: torch.device, amp_dtype: torch.dtype | None = None,
-             ctx: DistContext | None = None) -> dict:
+             ctx: DistContext | None = None, slices: int = 1) -> dict:
     """Mean cross-entropy (no label smoothing), accuracy and the confusion matrix (true x predicted) of
     ``model`` on ``split``; with several processes each takes every world_size-th image and the sums are
-    all-reduced, so every process returns the numbers of the whole split."""
+    all-reduced, so every process returns the numbers of the whole split. ``slices`` > 1 computes each batch
+    as that many concurrent row slices (``vitlab.perf.sliced_forward``)."""
+    from vitlab.perf import sliced_forward
+
     ctx = ctx or DistContext(device=device)
     was_training = model.training
     model.eval()
@@ -38,9 +41,12 @@ def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std
         idx = mine[start:start + batch_size].to(images.device)
         x = normalize(images[idx].to(device, non_blocking=True), mean, std)
         y = labels[idx].to(device, non_blocking=True)
-        with autocast(device, amp_dtype):
-            logits = model(x)
-        logits = logits.float()
+
+        def forward(rows: Tensor) -> Tensor:
+            with autocast(device, amp_dtype):
+                return model(rows).float()
+
+        logits = sliced_forward(forward, x, slices)
         pred = logits.argmax(dim=1)
         sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
         sums[1] += (pred == y).sum()

@@ -147,3 +147,11 @@ def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
 
     x = torch.zeros(1, data["in_chans"], data["img_size"], data["img_size"], device=next(model.parameters()).device)
     return torch_flops(model, x) // 2
+
+
+def token_count(model: nn.Module) -> int | None:
+    """Tokens per image of a ViT-like model (patches + prefix tokens, vitlab's or timm's attributes), else None."""
+    patches = getattr(getattr(model, "patch_embed", None), "num_patches", None)
+    if not isinstance(patches, int) or patches <= 0:
+        return None
+    return patches + int(getattr(model, "num_prefix_tokens", 0) or 0)
