@@ -157,8 +157,14 @@ def rng_is_thread_safe(model: nn.Module) -> bool:
 def _run_slices(work: Callable[[int, int], object], bounds: Sequence[tuple[int, int]],
                 generators: Sequence[torch.Generator | None]) -> list:
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    threads = torch.get_num_threads()
 
     def one(i: int):  # grad and inference mode are per thread: carry the caller's over
+        if getattr(_local, "threads", None) != threads:
+            # OpenMP's thread count is per thread too: a new thread would run its GEMMs on every core (and
+            # keep extra OpenMP workers around that slowed later multi-threaded steps 1.4x in benchmarks)
+            torch.set_num_threads(threads)
+            _local.threads = threads
         _local.generator = generators[i]
         try:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):
