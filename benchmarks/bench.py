@@ -6,7 +6,7 @@ AdamW) and inference images/s of each vitlab preset and its timm peer, their pea
 ratio vitlab/timm and the model FLOP utilisation (MFU) against a large matrix product timed in the same
 run. It prints a markdown table and writes JSON + markdown under ``--out``.
 
-    .venv/bin/python benchmarks/bench.py               # the table in benchmarks/README.md (CPU, ~15 min)
+    .venv/bin/python benchmarks/bench.py               # the table in benchmarks/README.md (CPU, ~4 min)
     .venv/bin/python benchmarks/bench.py --quick       # smoke test: every row at toy size
     .venv/bin/python benchmarks/bench.py --e2e         # + `vitlab train` images/s against the bare step
     .venv/bin/python benchmarks/bench.py --levers      # + each speed lever on the vit_mnist step
@@ -14,8 +14,9 @@ run. It prints a markdown table and writes JSON + markdown under ``--out``.
     .venv/bin/python benchmarks/bench.py --device cuda # bf16 autocast + fused attention, + vit_base@224
 
 timm runs as a timm user gets it (torch's default threads and AdamW); vitlab runs with the settings of
-:mod:`vitlab.perf` (one single-threaded process per core with DDP over gloo, fused AdamW). Neither
-changes the mathematics; the ``same runtime`` row gives timm vitlab's settings too.
+:mod:`vitlab.perf` (the batch as one single-threaded slice per core, computed at once on a thread pool,
+and fused AdamW; ``--vitlab-procs N`` uses N DDP processes instead). Neither changes the mathematics; the
+``same runtime`` row gives timm vitlab's settings too.
 """
 
 from __future__ import annotations
