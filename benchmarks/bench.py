@@ -316,7 +316,11 @@ def _pool_worker(rank: int, world: int, init_file: str, spec: dict, conn) -> Non
 
     try:
         rt: Runtime = spec["rt"]
-        perf.set_threads(rt.threads or 1)
+        perf.set_threads(rt.threads)  # None: this fresh process's torch default
+        if spec.get("cold_compile"):  # report the compile time a first run pays, not the on-disk cache's
+            import torch._inductor.config as inductor_config
+
+            inductor_config.force_disable_caches = True
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
         runner = Runner(build(spec["kind"], spec["row"]), spec["mode"], spec["row"], rt, "cpu", rank=rank,
                         world=world)
@@ -340,13 +344,15 @@ def _pool_worker(rank: int, world: int, init_file: str, spec: dict, conn) -> Non
 
 
 class PoolRunner:
-    """``rt.procs`` single-process runners of a slice of the batch each (DDP when training), driven from here.
+    """``rt.procs`` runners in processes of their own, each with its slice of the batch (DDP when training
+    with several), driven from here over pipes.
 
-    While they run, this process waits on a pipe and uses no CPU, so its measurements interleave with
-    in-process ones.
+    Every CPU side runs this way, even with one process: sides that shared a process disturbed each other
+    (OpenMP's thread state, thread pools), and a fresh process is what a user of either library starts. While
+    the workers run, this process waits on a pipe and uses no CPU.
     """
 
-    def __init__(self, kind: str, row: Row, mode: str, rt: Runtime) -> None:
+    def __init__(self, kind: str, row: Row, mode: str, rt: Runtime, *, cold_compile: bool = False) -> None:
         import torch.multiprocessing as mp
 
         if row.batch % rt.procs:
@@ -356,7 +362,7 @@ class PoolRunner:
         self._tmp = tempfile.TemporaryDirectory()
         init_file = os.path.join(self._tmp.name, "store")
         self.conns, self.procs = [], []
-        spec = dict(kind=kind, row=row, mode=mode, rt=rt)
+        spec = dict(kind=kind, row=row, mode=mode, rt=rt, cold_compile=cold_compile)
         for rank in range(rt.procs):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_pool_worker, args=(rank, rt.procs, init_file, spec, child), daemon=True)
@@ -400,9 +406,11 @@ class PoolRunner:
         self._tmp.cleanup()
 
 
-def make_runner(kind: str, row: Row, mode: str, rt: Runtime, device: str) -> Runner | PoolRunner:
-    if rt.procs > 1:
-        return PoolRunner(kind, row, mode, rt)
+def make_runner(kind: str, row: Row, mode: str, rt: Runtime, device: str, *,
+                cold_compile: bool = False) -> Runner | PoolRunner:
+    """A runner for one side: on CPU in processes of its own (:class:`PoolRunner`), on CUDA in this one."""
+    if device == "cpu":
+        return PoolRunner(kind, row, mode, rt, cold_compile=cold_compile)
     runner = Runner(build(kind, row), mode, row, rt, device)
     t0 = time.perf_counter()
     runner.time(1)  # first step: allocations, and the compile when asked
@@ -587,21 +595,15 @@ VIT_MNIST = ROWS[0]
 def lever_pair(row: Row, mode: str, base: tuple[str, Runtime], other: tuple[str, Runtime], device: str,
                args: argparse.Namespace, kind: str = "vitlab") -> dict:
     runners = {}
-    cold = other[1].compile and not args.quick
-    if cold:  # report the compile time a first run pays, not the on-disk cache's
-        import torch._inductor.config as inductor_config
-
-        inductor_config.force_disable_caches = True
+    cold = other[1].compile and not args.quick and device == "cpu"  # the first step's compile without cache
     try:
         runners = {base[0]: make_runner(kind, row, mode, base[1], device),
-                   other[0]: make_runner(kind, row, mode, other[1], device)}
+                   other[0]: make_runner(kind, row, mode, other[1], device, cold_compile=cold)}
         samples = interleaved(runners, args.repeats, args.target_s)
         first = {n: r.first_step_s for n, r in runners.items()}
     finally:
         for r in runners.values():
             r.close()
-        if cold:
-            inductor_config.force_disable_caches = False
     ips = {n: row.batch / statistics.median(s) for n, s in samples.items()}
     return {"row": row.name, "mode": mode, "model": kind, "base": base[0], "base_images_per_s": ips[base[0]],
             "lever": other[0], "lever_images_per_s": ips[other[0]], "speedup": ips[other[0]] / ips[base[0]],

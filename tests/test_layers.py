@@ -370,6 +370,22 @@ def test_rope_layout_leaves_prefix_tokens_unrotated() -> None:
         rope_2d_angles(2, 2, 6)
 
 
+def test_rope_without_autograd_takes_fewer_passes_to_the_same_values() -> None:
+    rope = _rope(1, 3, 4, 16)  # T = 1 + 9 + 4
+    x = torch.randn(2, 3, 14, 16, requires_grad=True)
+    with_grad = apply_rope(x, rope)  # x cos + rotate_half(x) sin, differentiable
+    assert with_grad.grad_fn is not None
+    with torch.no_grad():
+        fast = apply_rope(x, rope)
+    with torch.inference_mode():
+        fast_im = apply_rope(x.detach(), rope)
+    torch.testing.assert_close(fast, with_grad.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fast_im, fast, rtol=0, atol=0)
+    x1, x2 = x.detach().chunk(2, dim=-1)
+    manual = x.detach() * rope[0] + torch.cat([-x2, x1], dim=-1) * rope[1]
+    torch.testing.assert_close(fast, manual, rtol=1e-6, atol=1e-6)
+
+
 # --- clear errors ----------------------------------------------------------------------------------
 
 

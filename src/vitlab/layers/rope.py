@@ -49,5 +49,14 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
-    """Rotate ``x`` ``(B, H, T, d)`` by the ``(2, T, d)`` table (cos, sin)."""
-    return x * rope[0] + rotate_half(x) * rope[1]
+    """Rotate ``x`` ``(B, H, T, d)`` by the ``(2, T, d)`` table (cos, sin): ``x cos + rotate_half(x) sin``."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return x * rope[0] + rotate_half(x) * rope[1]
+    # without autograd: three passes instead of five (no negated copy, no concatenation), the same sums;
+    # 2.5% on ViT-5-S inference, measured in benchmarks/README.md (in-place halves would slow the backward)
+    h = x.shape[-1] // 2
+    sin = rope[1]
+    out = x * rope[0]
+    out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1)
+    out[..., h:].addcmul_(x[..., :h], sin[..., h:])
+    return out
