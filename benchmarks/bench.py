@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """vitlab against timm on the same architecture, batch and optimiser (issue "performance").
 
-One run measures, interleaved (A/B/B/A, median of the repeats), the training step (forward, backward,
-AdamW) and inference images/s of each vitlab preset and its timm peer, their peak tensor memory, the
-ratio vitlab/timm and the model FLOP utilisation (MFU) against a large matrix product timed in the same
-run. It prints a markdown table and writes JSON + markdown under ``--out``.
+One run measures, interleaved (A/B/B/A, in 3 rounds of fresh processes; the median), the training
+step (forward, backward, AdamW) and inference images/s of each vitlab preset and its timm peer, their
+peak tensor memory, the ratio vitlab/timm and the model FLOP utilisation (MFU) against a large matrix
+product timed in the same run. It prints a markdown table and writes JSON + markdown under ``--out``.
 
-    .venv/bin/python benchmarks/bench.py               # the table in benchmarks/README.md (CPU, ~4 min)
+    .venv/bin/python benchmarks/bench.py               # the table in benchmarks/README.md (CPU, ~9 min)
     .venv/bin/python benchmarks/bench.py --quick       # smoke test: every row at toy size
     .venv/bin/python benchmarks/bench.py --e2e         # + `vitlab train` images/s against the bare step
     .venv/bin/python benchmarks/bench.py --levers      # + each speed lever on the vit_mnist step
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -434,6 +435,32 @@ def interleaved(runners: dict[str, Runner | PoolRunner], repeats: int, target_s:
     return samples
 
 
+def measure_rounds(factories: dict[str, Callable[[], Runner | PoolRunner]], args: argparse.Namespace, *,
+                   memory: bool = False) -> tuple[dict[str, list[float]], dict[str, float], dict[str, float]]:
+    """``args.rounds`` rounds, each with fresh runners (new processes on CPU) sampled ``args.repeats`` times
+    interleaved: the samples of every round per runner, the first round's first-step seconds and (``memory``)
+    peak bytes. Fresh processes matter: the same configuration ran 10-15% apart from one process to the next
+    (memory placement), a difference that interleaving inside one pair of processes cannot average out."""
+    samples: dict[str, list[float]] = {n: [] for n in factories}
+    first: dict[str, float] = {}
+    peak: dict[str, float] = {}
+    for k in range(args.rounds):
+        runners: dict[str, Runner | PoolRunner] = {}
+        try:
+            for n in (list(factories) if k % 2 == 0 else list(factories)[::-1]):
+                runners[n] = factories[n]()
+            got = interleaved({n: runners[n] for n in factories}, args.repeats, args.target_s)
+            for n in factories:
+                samples[n] += got[n]
+                first.setdefault(n, runners[n].first_step_s)
+                if memory and n not in peak:
+                    peak[n] = runners[n].peak_bytes()
+        finally:
+            for r in runners.values():
+                r.close()
+    return samples, first, peak
+
+
 def matmul_peak(device: str, quick: bool = False) -> float:
     """FLOP/s of a large square matrix product (fp32 on CPU with torch's default threads, bf16 on CUDA)."""
     n = 512 if quick else (8192 if device == "cuda" else 2048)
@@ -485,23 +512,19 @@ def measure_row(row: Row, mode: str, device: str, args: argparse.Namespace) -> l
     if args.vitlab_procs:
         vl_rt = replace(vl_rt, procs=args.vitlab_procs, slices=1,
                         threads=max(1, DEFAULT_THREADS // args.vitlab_procs))
-    runners: dict[str, Runner | PoolRunner] = {}
-    try:
-        runners["vitlab"] = make_runner("vitlab", row, mode, vl_rt, device)
-        if row.peer != "none":
-            runners["timm"] = make_runner("timm", row, mode, TIMM_RUNTIME, device)
-            if args.same_runtime and vl_rt != TIMM_RUNTIME:
-                runners["timm same runtime"] = make_runner("timm", row, mode, vl_rt, device)
-        samples = interleaved(runners, args.repeats, args.target_s)
-        flops = matmul_flops_per_image(row, mode)
-        sides = {}
-        for name, r in runners.items():
-            ips = row.batch / statistics.median(samples[name])
-            sides[name] = Side(runtime=r.rt.label(mode), images_per_s=ips, samples_s=samples[name],
-                               first_step_s=r.first_step_s, peak_mb=r.peak_bytes() / 2**20, flops_per_image=flops)
-    finally:
-        for r in runners.values():
-            r.close()
+    plans = {"vitlab": ("vitlab", vl_rt)}
+    if row.peer != "none":
+        plans["timm"] = ("timm", TIMM_RUNTIME)
+        if args.same_runtime and vl_rt != TIMM_RUNTIME:
+            plans["timm same runtime"] = ("timm", vl_rt)
+    factories = {n: functools.partial(make_runner, kind, row, mode, rt, device) for n, (kind, rt) in plans.items()}
+    samples, first, peak = measure_rounds(factories, args, memory=True)
+    flops = matmul_flops_per_image(row, mode)
+    sides = {}
+    for name, (_, rt) in plans.items():
+        ips = row.batch / statistics.median(samples[name])
+        sides[name] = Side(runtime=rt.label(mode), images_per_s=ips, samples_s=samples[name],
+                           first_step_s=first[name], peak_mb=peak[name] / 2**20, flops_per_image=flops)
     notes = {"nearest": ["nearest timm peer: no RoPE"], "none": ["no timm peer: absolute figures"]}.get(row.peer, [])
     vl = sides["vitlab"]
     if "timm" not in sides:
@@ -560,9 +583,9 @@ def e2e_one(rt: Runtime, device: str, args: argparse.Namespace) -> dict:
                   recipe=recipe)
         runner = make_runner("vitlab", row, "train", rt, device)
         try:
-            samples = interleaved({"bare": runner}, args.repeats, args.target_s)["bare"]
+            samples = interleaved({"bare": runner}, args.repeats * args.rounds, args.target_s)["bare"]
             second = _train(launch + cmd, Path(tmp) / "run2")
-            samples += interleaved({"bare": runner}, args.repeats, args.target_s)["bare"]
+            samples += interleaved({"bare": runner}, args.repeats * args.rounds, args.target_s)["bare"]
         finally:
             runner.close()
     runs = [r["summary"] for r in (first, second) if "summary" in r]
@@ -594,16 +617,10 @@ VIT_MNIST = ROWS[0]
 
 def lever_pair(row: Row, mode: str, base: tuple[str, Runtime], other: tuple[str, Runtime], device: str,
                args: argparse.Namespace, kind: str = "vitlab") -> dict:
-    runners = {}
     cold = other[1].compile and not args.quick and device == "cpu"  # the first step's compile without cache
-    try:
-        runners = {base[0]: make_runner(kind, row, mode, base[1], device),
-                   other[0]: make_runner(kind, row, mode, other[1], device, cold_compile=cold)}
-        samples = interleaved(runners, args.repeats, args.target_s)
-        first = {n: r.first_step_s for n, r in runners.items()}
-    finally:
-        for r in runners.values():
-            r.close()
+    factories = {base[0]: functools.partial(make_runner, kind, row, mode, base[1], device),
+                 other[0]: functools.partial(make_runner, kind, row, mode, other[1], device, cold_compile=cold)}
+    samples, first, _ = measure_rounds(factories, args)
     ips = {n: row.batch / statistics.median(s) for n, s in samples.items()}
     return {"row": row.name, "mode": mode, "model": kind, "base": base[0], "base_images_per_s": ips[base[0]],
             "lever": other[0], "lever_images_per_s": ips[other[0]], "speedup": ips[other[0]] / ips[base[0]],
@@ -669,7 +686,7 @@ def talking_heads_lever(args: argparse.Namespace) -> dict:
                 self.fn()
             return time.perf_counter() - t0
 
-    samples = interleaved({"permute + Linear": Fn(permuted), "batched matmul": Fn(batched)}, args.repeats,
+    samples = interleaved({"permute + Linear": Fn(permuted), "batched matmul": Fn(batched)}, args.repeats * args.rounds,
                           args.target_s / 4)
     ms = {n: statistics.median(s) * 1e3 for n, s in samples.items()}
     return {"row": f"mix_heads fwd+bwd ({B},{H},{T},{T})", "mode": "train", "model": "layer",
@@ -693,7 +710,7 @@ def scaling(device: str, args: argparse.Namespace, out_dir: Path) -> dict:
         runners = {}
         try:
             runners = {k: make_runner(k, row, "train", rt, device) for k in ("vitlab", "timm")}
-            samples = interleaved(runners, max(1, args.repeats // 2), args.target_s / 2)
+            samples = interleaved(runners, max(1, args.repeats * args.rounds // 3), args.target_s / 2)
             point = {"x": (ov["img_size"] // 16) ** 2 + 1 if axis == "tokens" else ov["depth"]}
             for k, r in runners.items():
                 point[k] = {"ms_per_image": statistics.median(samples[k]) * 1e3 / batch,
@@ -832,7 +849,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="toy sizes, one repeat: a smoke test, not a measurement")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--rows", default="", help="comma-separated presets to keep (default: all)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved samples per runner (default 7, quick 1)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="interleaved samples per runner and round (default 3, quick 1)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of fresh runner processes per comparison (default 3, quick 1)")
     p.add_argument("--target-s", type=float, default=None, help="seconds per sample (default 1.0, quick 0.02)")
     p.add_argument("--vitlab-procs", type=int, default=None, help="override vitlab's processes per row")
     p.add_argument("--no-same-runtime", dest="same_runtime", action="store_false",
@@ -843,10 +863,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-table", action="store_true", help="skip the main table (with --e2e/--levers/--scaling)")
     p.add_argument("--out", default=str(HERE / "results"), help="folder for the JSON, markdown and figures")
     args = p.parse_args(argv)
-    args.repeats = args.repeats or (1 if args.quick else 7)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.rounds = args.rounds or (1 if args.quick else 3)
     args.target_s = args.target_s or (0.02 if args.quick else 1.0)
-    if args.repeats < 1 or args.target_s <= 0:
-        p.error("--repeats must be >= 1 and --target-s > 0")
+    if args.repeats < 1 or args.rounds < 1 or args.target_s <= 0:
+        p.error("--repeats and --rounds must be >= 1 and --target-s > 0")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available on this machine; use --device cpu")
     return args
