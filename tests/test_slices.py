@@ -152,6 +152,12 @@ def test_rng_is_thread_safe_only_with_vitlabs_drop_path():
     assert not perf.rng_is_thread_safe(timm_dp)  # timm's DropPath draws from the global generator
 
 
+def test_batch_norm_couples_the_rows_of_a_batch():
+    assert not perf.batch_coupled(vitlab.create_model("vit_mnist").train())
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.GroupNorm(2, 4))
+    assert perf.batch_coupled(conv.train()) and not perf.batch_coupled(conv.eval())
+
+
 @pytest.mark.parametrize("batch_size,tokens,cores,slices,threads", [
     (128, 17, 2, 2, 1),  # vit_mnist: 64 images x 17 tokens per slice
     (16, 17, 2, 1, 2),  # 8 x 17 = 136 tokens per slice: too little work to split

@@ -154,6 +154,13 @@ def rng_is_thread_safe(model: nn.Module) -> bool:
     return True
 
 
+def batch_coupled(model: nn.Module) -> bool:
+    """Whether ``model`` (as configured now) mixes the rows of a batch, as batch norm does in training: its
+    statistics over a slice are not those over the batch, and concurrent slices would race on its running
+    averages, so such a model is not sliced."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
+
+
 def _run_slices(work: Callable[[int, int], object], bounds: Sequence[tuple[int, int]],
                 generators: Sequence[torch.Generator | None]) -> list:
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()

@@ -157,10 +157,11 @@ class Trainer:
 
         Slices: ``--slices``, else one per core (``perf.cpu_plan``) for a small model in one process when
         the batch splits into slices of at least 256 tokens, the model draws its randomness only through
-        vitlab's DropPath and neither ``--threads`` nor ``--compile`` is given; else 1. Threads: ``--threads``,
-        else one per slice when slicing, else ``OMP_NUM_THREADS`` when set, else one thread for small models
-        (below :data:`SMALL_MODEL_MACS`, whose tiny matmuls gain nothing from intra-op threads and lose much
-        on a busy machine) and the cores shared among the local processes for bigger ones."""
+        vitlab's DropPath, has no batch norm, and neither ``--threads`` nor ``--compile`` is given; else 1.
+        Threads: ``--threads``, else one per slice when slicing, else ``OMP_NUM_THREADS`` when set, else one
+        thread for small models (below :data:`SMALL_MODEL_MACS`, whose tiny matmuls gain nothing from intra-op
+        threads and lose much on a busy machine) and the cores shared among the local processes for bigger
+        ones."""
         if self.device.type != "cpu":
             if cfg.slices and cfg.slices > 1:
                 raise ConfigError(f"--slices {cfg.slices} is a CPU option; drop it on {self.device}")
@@ -174,6 +175,8 @@ class Trainer:
             why_not = "a compiled model runs one slice"
         elif not perf.rng_is_thread_safe(self.model.train()):
             why_not = "the model has dropout, whose random draws would depend on thread timing"
+        elif perf.batch_coupled(self.model):
+            why_not = "the model has batch norm, whose statistics span the whole batch"
         if cfg.slices and cfg.slices > 1 and why_not:
             raise ConfigError(f"--slices {cfg.slices}: {why_not}; use --slices 1")
         tokens = token_count(self.model)
