@@ -46,6 +46,7 @@ from torch import nn
 import vitlab
 from vitlab import perf
 from vitlab.layers.attention import Attention
+from vitlab.train.models import token_count
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_THREADS = torch.get_num_threads()  # torch's default, read before anything changes it
@@ -167,9 +168,7 @@ def vitlab_runtime(row: Row, mode: str, device: str) -> Runtime:
     """vitlab's settings (vitlab.perf): on CPU one single-threaded batch slice per core when the batch allows."""
     if device != "cpu":
         return Runtime(adamw="fused")
-    model = vitlab_model(row)
-    tokens = model.num_prefix_tokens + model.num_patches
-    plan = perf.cpu_plan(row.batch, tokens, cores=max(DEFAULT_THREADS, 1))
+    plan = perf.cpu_plan(row.batch, token_count(vitlab_model(row)), cores=max(DEFAULT_THREADS, 1))
     return Runtime(threads=plan.threads, slices=plan.slices, adamw="fused")
 
 

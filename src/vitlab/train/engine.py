@@ -168,12 +168,13 @@ class Trainer:
             return 1
         macs = model_macs(self.model, self.data_info) or 0
         slices = cfg.slices or 1
+        self.model.train()  # the random and batch-coupled layers are judged as a training step runs them
         why_not = None
         if self.ctx.distributed:
             why_not = "under torchrun each process is one slice"
         elif cfg.compile:
             why_not = "a compiled model runs one slice"
-        elif not perf.rng_is_thread_safe(self.model.train()):
+        elif not perf.rng_is_thread_safe(self.model):
             why_not = "the model has dropout, whose random draws would depend on thread timing"
         elif perf.batch_coupled(self.model):
             why_not = "the model has batch norm, whose statistics span the whole batch"
@@ -312,7 +313,8 @@ class Trainer:
         params = sum(t.numel() for t in self.model.parameters())
         where = f"{self.device}" + (f" x {self.ctx.world_size} processes" if self.ctx.distributed else "")
         if self.slices > 1:
-            where += f" ({self.slices} slices x {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)})"
+            threads = torch.get_num_threads()
+            where += f" ({self.slices} slices x {threads} thread{'s' * (threads > 1)})"
         print(f"vitlab train: {c.model} ({params / 1e6:.2f}M params) on {c.dataset} ({d['num_train']} train / "
               f"{d['num_test']} test, {d['in_chans']}x{d['img_size']}x{d['img_size']}), {c.epochs} epochs x "
               f"{self.steps_per_epoch} steps of {c.batch_size}, lr {c.lr:g}, {where}; output {self.out_dir}",

@@ -37,15 +37,15 @@ def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std
     mine = torch.arange(ctx.rank, len(split), ctx.world_size)
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
     confusion = torch.zeros(k * k, dtype=torch.int64, device=device)
+
+    def forward(rows: Tensor) -> Tensor:
+        with autocast(device, amp_dtype):
+            return model(rows).float()
+
     for start in range(0, len(mine), batch_size):
         idx = mine[start:start + batch_size].to(images.device)
         x = normalize(images[idx].to(device, non_blocking=True), mean, std)
         y = labels[idx].to(device, non_blocking=True)
-
-        def forward(rows: Tensor) -> Tensor:
-            with autocast(device, amp_dtype):
-                return model(rows).float()
-
         logits = sliced_forward(forward, x, slices)
         pred = logits.argmax(dim=1)
         sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
