@@ -144,3 +144,23 @@ def test_unknown_row_is_one_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "unknown rows ['vit_huge']; choose from" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+CPU_TIME = BENCH.parent / "cpu_time.py"
+
+
+def test_cpu_time_sections_print_their_tables() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(CPU_TIME), "--only", "softmax"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| softmax over") or
+            line.startswith("| over the axis")]
+    assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)
+
+
+def test_cpu_time_unknown_section_is_one_clear_error() -> None:
+    proc = subprocess.run([sys.executable, str(CPU_TIME), "--only", "gleu"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "unknown sections ['gleu']; choose from" in proc.stderr

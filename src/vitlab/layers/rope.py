@@ -53,7 +53,7 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     if torch.is_grad_enabled() and x.requires_grad:
         return x * rope[0] + rotate_half(x) * rope[1]
     # without autograd: three passes instead of five (no negated copy, no concatenation), the same sums;
-    # 2.5% on ViT-5-S inference, measured in benchmarks/README.md (in-place halves would slow the backward)
+    # 2.5-5% on ViT-5-S inference (benchmarks/cpu_time.py --only rope); in-place halves would slow the backward
     h = x.shape[-1] // 2
     sin = rope[1]
     out = x * rope[0]
