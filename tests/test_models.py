@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from timm.layers import RmsNorm
 from timm.models.cait import Cait as TimmCait
 from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -94,13 +95,41 @@ def test_features_head_and_intermediate_layers(name: str) -> None:
     torch.testing.assert_close(model(x), pre)
 
 
+@pytest.fixture
+def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every call of ``F.scaled_dot_product_attention`` (the fused kernel) is appended to the list."""
+    calls: list = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def force_fused(model: nn.Module) -> int:
+    """Make every attention layer that can fuse take SDPA; the number of layers that will call it."""
+    fusable = 0
+    for m in model.modules():
+        if isinstance(m, Attention) and not m.talking_heads:
+            m.fused, fusable = True, fusable + 1
+        elif isinstance(m, ClassAttention):
+            fusable += 1
+    return fusable
+
+
 @pytest.mark.parametrize("name", PRESETS)
-def test_explicit_attention_path_keeps_the_logits(name: str) -> None:
+def test_explicit_attention_path_keeps_the_logits(name: str, sdpa_calls: list) -> None:
     model = narrow(name).eval()
     x = torch.randn(2, model.cfg.in_chans, 32, 32)
+    fusable = force_fused(model)  # with autograd on and <= 32 tokens the automatic choice is explicit
     fused = model(x)
+    assert len(sdpa_calls) == fusable  # each fusable layer ran the fused kernel
     with record_attention(model.modules()) as maps:
         explicit = model(x)
+    assert len(sdpa_calls) == fusable  # and none did while recording
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
     assert len(maps) == len(model.attention_layers()) == model.cfg.depth + (
         model.cfg.depth_token_only if isinstance(model, Cait) else 0)
@@ -109,11 +138,14 @@ def test_explicit_attention_path_keeps_the_logits(name: str) -> None:
 
 @pytest.mark.parametrize("overrides", [dict(qk_norm=True), dict(rope=True), dict(qk_norm=True, rope=True)],
                          ids=["qk_norm", "rope", "qk_norm+rope"])
-def test_explicit_attention_path_keeps_the_logits_qk_norm_rope(overrides: dict) -> None:
+def test_explicit_attention_path_keeps_the_logits_qk_norm_rope(overrides: dict, sdpa_calls: list) -> None:
     model = vitlab.create_model("vit_mnist", depth=2, **overrides).eval()
     x = torch.randn(2, 1, 28, 28)
+    assert force_fused(model) == 2
     fused = model(x)
+    assert len(sdpa_calls) == 2
     maps = model.attention_maps(x)
+    assert len(sdpa_calls) == 2
     with record_attention(model.modules()):
         explicit = model(x)
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
