@@ -209,7 +209,7 @@ def test_deepvit_reattention_in_last_blocks_only() -> None:
 
 
 def test_residual_ratios_per_gated_block() -> None:
-    model = narrow("cait_xxs24")  # LayerScale 1e-5
+    model = narrow("cait_xxs24", init_values=1e-5)  # at depth 2 the rule would give 0.1
     ratios = model.residual_ratios(torch.randn(2, 3, 32, 32))
     assert len(ratios) == 2 + 2  # SA blocks then CA blocks
     for r in ratios:
@@ -246,8 +246,41 @@ def test_cait_presets_layerscale_init_and_uniform_drop_path() -> None:
     for name, value in expected.items():
         assert vitlab.get_config(name).init_values == value
     model = vitlab.create_model("cait_xxs24", **SMALL, drop_path_rate=0.1)
-    assert model.blocks[0].gamma_1[0].item() == pytest.approx(1e-5)
+    assert model.blocks[0].gamma_1[0].item() == pytest.approx(0.1)  # depth 2: the depth rule, not the preset's 1e-5
     assert [b.drop_path1.drop_prob for b in model.blocks] == pytest.approx([0.1, 0.1])
+
+
+def _gammas(model: nn.Module) -> set[float]:
+    return {round(g.item(), 12) for n, p in model.named_parameters() if n.endswith(("gamma_1", "gamma_2"))
+            for g in p.detach().unique()}
+
+
+def test_cait_depth_override_rederives_the_layerscale_init() -> None:
+    """A preset's init belongs to its depth; at another depth the CaiT depth rule applies, an explicit value stays."""
+    tiny = dict(img_size=32, patch_size=8, embed_dim=32, num_heads=4)
+    assert vitlab.get_config("cait_xxs36").init_values == 1e-5  # timm's value for this preset, kept at depth 36
+    assert vitlab.get_config("cait_xxs36", depth=36).init_values == 1e-5
+    for depth, rule in ((12, 0.1), (24, 1e-5), (40, 1e-6)):
+        cfg = vitlab.get_config("cait_xxs36", depth=depth, **tiny)
+        assert cfg.gate_init_value() == rule
+        assert _gammas(vitlab.build_model(cfg)) == {round(rule, 12)}
+    assert _gammas(vitlab.create_model("cait_xxs24", depth=30, **tiny)) == {1e-6}
+    assert _gammas(vitlab.create_model("cait_xxs24", depth=30, init_values=1e-3, **tiny)) == {1e-3}
+    hand = ModelConfig(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False, depth=20, **tiny)
+    assert hand.init_values is None and _gammas(vitlab.build_model(hand)) == {1e-5}
+    assert hand.replace(depth=3).gate_init_value() == 0.1  # None follows the depth
+    vit = vitlab.create_model("vit_mnist", depth=30, gate="layerscale")
+    assert vit.cfg.gate_init_value() is None and vit.blocks[0].ls1.gamma[0].item() == pytest.approx(1e-4)
+
+
+def test_residual_ratio_rows_warn_when_blocks_and_ratios_differ() -> None:
+    from vitlab.analysis import summarize_ratios
+
+    model = narrow("vit_tiny")  # 2 gated blocks
+    parts = [{"attn": torch.rand(3, 4), "mlp": torch.rand(3, 4)}]  # 3 recorded (a block run twice)
+    with pytest.warns(UserWarning, match="3 residual ratios per image but has 2 gated blocks"):
+        rows = summarize_ratios(model, parts)
+    assert [r.name for r in rows] == ["block 0", "block 1", "block 2"]
 
 
 def test_drop_path_linear_schedule_in_model() -> None:

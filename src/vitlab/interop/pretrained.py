@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm, from_timm_state_dict
-from vitlab.layers import resample_abs_pos_embed
+from vitlab.layers import build_pos_embed, resample_abs_pos_embed
 from vitlab.models import ModelConfig, VitlabModel, build_model, get_config
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
@@ -67,7 +67,8 @@ def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelC
     if model_or_name is None and file_cfg is not None:
         return build_model(file_cfg.replace(**overrides))
     if model_or_name is None:
-        base = config_from_state_dict(state, num_heads=overrides.get("num_heads"))
+        base = config_from_state_dict(state, num_heads=overrides.get("num_heads"),
+                                      global_pool=overrides.get("global_pool"))
     elif isinstance(model_or_name, str) and model_or_name.startswith(HUB_PREFIXES):
         base = config_from_timm(timm_skeleton(model_or_name))
     elif isinstance(model_or_name, str):
@@ -275,6 +276,13 @@ def _adapt_pos_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[
     if isinstance(model.pos_embed, nn.Parameter):
         state["pos_embed"] = resample_abs_pos_embed(src, model.grid_size, num_prefix=slots, mode="bicubic")
     else:  # a fixed sin-cos table is recomputed at the new size, not resampled
+        kind = model.cfg.pos_embed
+        own = build_pos_embed(kind, grid_size=grid, dim=src.shape[-1], num_prefix=slots)
+        if own is None or not torch.allclose(src.float(), own.to(src.dtype).float(), atol=1e-6):
+            raise CheckpointError(f"the file's pos_embed ({grid}x{grid} grid) is not the fixed {kind} table this model "
+                                  f"recomputes at {model.grid_size}x{model.grid_size}, so replacing it would drop "
+                                  f"learned weights; load it into a model with pos_embed='learned' (resampled) or at "
+                                  f"img_size={grid * model.cfg.patch_size} (its own grid)")
         state["pos_embed"] = target["pos_embed"].clone()
 
 

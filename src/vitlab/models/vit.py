@@ -56,7 +56,7 @@ def make_blocks(cfg: ModelConfig, timm_names: bool = False) -> nn.ModuleList:
         attn_layer, attn_kwargs = block_attention(cfg, i)
         blocks.append(Block(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, attn_layer=attn_layer,
                             attn_kwargs=attn_kwargs, mlp_layer=mlp_layer(cfg.mlp), norm_layer=norm_layer(cfg.norm),
-                            gate=cfg.gate, init_values=cfg.init_values, drop_path=rates[i],
+                            gate=cfg.gate, init_values=cfg.gate_init_value(), drop_path=rates[i],
                             proj_drop=cfg.drop_rate, timm_names=timm_names))
     return nn.ModuleList(blocks)
 
