@@ -394,7 +394,7 @@ def timm_model_for(model: VitlabModel) -> nn.Module:
     """A freshly initialised timm model with ``model``'s architecture."""
     cfg = model.cfg
     gated = cfg.gate in ("layerscale", "scalar", "skipinit")
-    init = cfg.init_values if cfg.gate == "layerscale" and cfg.init_values else 1e-4
+    init = cfg.gate_init_value() if cfg.gate == "layerscale" and cfg.gate_init_value() else 1e-4
     common = dict(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                   num_classes=cfg.num_classes, global_pool=cfg.global_pool, embed_dim=cfg.embed_dim,
                   depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
