@@ -3,6 +3,7 @@
 from vitlab.interop.pretrained import (
     adapt_input_channels,
     adapt_state_dict,
+    from_timm,
     load_pretrained,
     read_weights,
     resample_patch_kernel,
@@ -11,7 +12,6 @@ from vitlab.interop.pretrained import (
 from vitlab.interop.timm_convert import (
     config_from_state_dict,
     config_from_timm,
-    from_timm,
     timm_unsupported,
     to_timm,
 )

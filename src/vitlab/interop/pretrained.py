@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm, from_timm_state_dict
+from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm_state_dict
 from vitlab.layers import resample_abs_pos_embed
 from vitlab.models import ModelConfig, VitlabModel, build_model, get_config
 
@@ -76,6 +76,21 @@ def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelC
         raise ConfigError(f"model_or_name must be a vitlab model, a ModelConfig, a preset or 'timm:NAME' name, "
                           f"or None, got {type(model_or_name).__name__}")
     return build_model(base.replace(**{**source_geometry(state, base), **overrides}))
+
+
+def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
+    """The vitlab model equivalent to ``timm_model`` (timm's ``VisionTransformer`` or ``Cait``), carrying its
+    weights; same device, dtype and train/eval mode.
+
+    ``overrides`` are :class:`ModelConfig` fields; ``img_size``, ``patch_size``, ``in_chans`` and
+    ``num_classes`` adapt the weights as :func:`vitlab.load_pretrained` does.
+    """
+    model = build_model(config_from_timm(timm_model, **overrides))
+    model.load_state_dict(adapt_state_dict(timm_model.state_dict(), model))
+    p = next(timm_model.parameters(), None)
+    if p is not None:
+        model.to(device=p.device, dtype=p.dtype)
+    return model.train(timm_model.training)
 
 
 # ---------------------------------------------------------------- weight files

@@ -61,7 +61,7 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict |
     """Write ``model.safetensors``, ``config.json`` and, when given, ``state.pt`` into ``out_dir``."""
     from safetensors.torch import save_file
 
-    from vitlab import __version__
+    from vitlab.version import __version__
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
