@@ -1,4 +1,4 @@
-"""Residual ratios (CaiT, seed 000): ``||gate(branch(x))||_2 / ||x||_2`` per block and branch.
+"""Residual ratios (CaiT, Touvron et al. 2021): ``||gate(branch(x))||_2 / ||x||_2`` per block and branch.
 
 LayerScale makes this ratio more uniform across depth; a zero gate (ReZero / SkipInit at init) makes it 0.
 The norms run over all tokens and channels of one image, so each block gives one ratio per image and

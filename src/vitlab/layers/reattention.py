@@ -1,4 +1,4 @@
-"""DeepViT re-attention (seed 004): a learnable heads x heads mix of the softmaxed maps, then a norm."""
+"""DeepViT re-attention (Zhou et al. 2021): a learnable heads x heads mix of the softmaxed maps, then a norm."""
 
 from __future__ import annotations
 
