@@ -101,7 +101,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 def cli_options(args: argparse.Namespace) -> dict[str, Any]:
     """The run options given on the command line (and in --config), CLI winning, as RunConfig fields."""
-    from vitlab.train.config import load_yaml
+    from vitlab.train.config import NO_AUGMENT, load_yaml
 
     given = dict(vars(args))
     for key in ("func", "command", "config", "resume"):
@@ -113,8 +113,7 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
         if key in given:
             overrides[key] = given.pop(key)
     if given.pop("no_augment", False):
-        options.update(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=False,
-                       pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0)
+        options.update(NO_AUGMENT)
     if "scale" in given:
         given["scale"] = tuple(given["scale"])
     options.update(given)

@@ -449,13 +449,9 @@ def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs pe
                    help="no per-epoch progress bars (one line per run is still printed)")
 
 
-NO_AUGMENT = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=False, pad_crop=0,
-                  trivial_augment=False, mixup=0.0, cutmix=0.0)
-
-
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     """A :class:`~vitlab.train.config.RunConfig` from the shared options plus ``fields``."""
-    from vitlab.train.config import RunConfig, coerce
+    from vitlab.train.config import NO_AUGMENT, RunConfig, coerce
 
     extra: dict[str, Any] = {}
     for key, text in parse_set(args.run_set, "--run-set").items():
