@@ -46,7 +46,7 @@ from torch import nn
 import vitlab
 from vitlab import perf
 from vitlab.layers.attention import Attention
-from vitlab.train.models import token_count
+from vitlab.train.run_model import token_count
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_THREADS = torch.get_num_threads()  # torch's default, read before anything changes it

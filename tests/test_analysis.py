@@ -304,7 +304,7 @@ def test_pos_embed_similarity_diagonal_is_one(kind):
 
 
 def test_patch_pos_embed_drops_prefix_slots():
-    vit = vitlab.create_model("vit_mnist", depth=1)  # class slot first (seed 003 numbers it 0)
+    vit = vitlab.create_model("vit_mnist", depth=1)  # class slot first (the 1-D sinusoid numbers it 0)
     torch.testing.assert_close(patch_pos_embed(vit), vit.pos_embed[0, 1:])
     for family in ("vit5", "cait"):  # position embedding on the patches only
         model = tiny(family)
@@ -440,7 +440,7 @@ def test_analyze_model_bad_input_writes_nothing(tmp_path):
 
 
 def write_checkpoint(folder: Path, model: torch.nn.Module, run: dict | None = None) -> Path:
-    from vitlab.train.checkpoint import save_checkpoint
+    from vitlab.checkpoint import save_checkpoint
 
     return save_checkpoint(folder, model, run_config=run)
 
@@ -493,7 +493,7 @@ def test_cli_checkpoint_of_another_architecture_exits_2(tmp_path, capsys):
 
 
 def test_cli_timm_checkpoint_exits_2_naming_the_fix(tmp_path, capsys):
-    from vitlab.train.models import create_timm
+    from vitlab.checkpoint import create_timm
 
     timm_model = create_timm("vit_tiny_patch16_224", dict(img_size=28, patch_size=7, in_chans=1, num_classes=10,
                                                          embed_dim=32, depth=1, num_heads=2))

@@ -57,7 +57,7 @@ def one_line(exc: pytest.ExceptionInfo) -> str:
     return msg
 
 
-# --- LayerScale: the seed-002 contract -------------------------------------------------------------
+# --- LayerScale: the LayerScale contract -------------------------------------------------------------
 
 
 def test_layerscale_gamma_shape_init_and_tag() -> None:

@@ -193,7 +193,7 @@ def mosaic(grid: Tensor, gap: float = float("nan")) -> np.ndarray:
 
 
 def pos_embed_figure(grid: Tensor, path: str | Path, *, title: str = "") -> Path:
-    """Seed 003's figure: tile ``(r, c)`` is the cosine similarity of patch ``(r, c)``'s position
+    """The ViT paper's Fig. 7: tile ``(r, c)`` is the cosine similarity of patch ``(r, c)``'s position
     embedding with every patch (``grid`` from :func:`vitlab.analysis.pos_embed.similarity_grid`). The colour
     scale runs from the smallest similarity (or -1 when it is lower) to 1."""
     g = grid.shape[0]

@@ -37,9 +37,9 @@ def register(subparsers: Any) -> None:
 
 def load_checkpoint(checkpoint: Path) -> tuple[Any, dict]:
     """The vitlab model of a checkpoint folder and the ``"run"`` section of its config.json ({} if none)."""
+    from vitlab.checkpoint import load_model, read_config
     from vitlab.errors import CheckpointError, ConfigError
     from vitlab.models import VitlabModel
-    from vitlab.train.checkpoint import load_model, read_config
 
     if not checkpoint.exists():
         raise CheckpointError(f"checkpoint {checkpoint} does not exist; pass --checkpoint the output folder of a "

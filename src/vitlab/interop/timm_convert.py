@@ -1,4 +1,5 @@
-"""timm <-> vitlab: ``from_timm`` / ``to_timm``, the :class:`ModelConfig` of a timm model or of a bare state
+"""timm <-> vitlab: ``to_timm`` (``from_timm`` lives beside the state-dict adaptation it needs, in
+:mod:`vitlab.interop.pretrained`), the :class:`ModelConfig` of a timm model or of a bare state
 dict, and the state-dict maps between the two layouts.
 
 Parameter names are shared (``patch_embed.proj``, ``blocks.{i}.attn.qkv``, ``ls1.gamma``, CaiT's ``gamma_1``...),
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.layers import ReAttention, ScalarGate, drop_path_rates
-from vitlab.models import ModelConfig, VitlabModel, build_model
+from vitlab.models import ModelConfig, VitlabModel
 from vitlab.models.cait import PRESETS as CAIT_PRESETS
 
 _EPS = 1e-6  # vitlab's LayerNorm / RMSNorm eps, as timm's ViT and CaiT
@@ -516,24 +517,7 @@ def from_timm_state_dict(state: dict[str, Tensor], model: VitlabModel) -> dict[s
     return state
 
 
-# ---------------------------------------------------------------- the two directions
-
-def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
-    """The vitlab model equivalent to ``timm_model`` (timm's ``VisionTransformer`` or ``Cait``), carrying its
-    weights; same device, dtype and train/eval mode.
-
-    ``overrides`` are :class:`ModelConfig` fields; ``img_size``, ``patch_size``, ``in_chans`` and
-    ``num_classes`` adapt the weights as :func:`vitlab.load_pretrained` does.
-    """
-    from vitlab.interop.pretrained import adapt_state_dict
-
-    model = build_model(config_from_timm(timm_model, **overrides))
-    model.load_state_dict(adapt_state_dict(timm_model.state_dict(), model))
-    p = next(timm_model.parameters(), None)
-    if p is not None:
-        model.to(device=p.device, dtype=p.dtype)
-    return model.train(timm_model.training)
-
+# ---------------------------------------------------------------- vitlab -> timm
 
 def to_timm(model: VitlabModel) -> nn.Module:
     """The timm ``VisionTransformer`` or ``Cait`` equivalent to ``model``, carrying its weights; same device,

@@ -68,8 +68,7 @@ class ScalarGate(nn.Module):
 
 
 def cait_init_value(depth: int) -> float:
-    """LayerScale init from the CaiT depth rule (Touvron et al. 2021): 0.1 up to depth 18, 1e-5 up to 24,
-    1e-6 deeper."""
+    """LayerScale init from CaiT's depth rule (Touvron et al. 2021): 0.1 up to depth 18, 1e-5 up to 24, 1e-6 deeper."""
     if depth <= 0:
         raise ConfigError(f"depth must be positive, got {depth}")
     if depth <= 18:

@@ -1,4 +1,4 @@
-"""CaiT (Touvron et al., 2021; seed 000): LayerScale self-attention blocks on the patches, then
+"""CaiT (Touvron et al., 2021): LayerScale self-attention blocks on the patches, then
 class-attention blocks where only the class token queries.
 
 Parameter names follow timm's ``Cait``: ``patch_embed.proj``, ``pos_embed`` (patches only), ``cls_token``,

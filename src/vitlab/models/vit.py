@@ -1,4 +1,4 @@
-"""The Vision Transformer (seed 003), assembled from parts; DeepViT and ViT-5 are configurations of it.
+"""The Vision Transformer (Dosovitskiy et al. 2021), assembled from parts; DeepViT and ViT-5 are configurations of it.
 
 Token layout: ``[cls?, registers (front)?, patches, registers (end)?]``. Parameter names follow timm's
 ``VisionTransformer``: ``patch_embed.proj``, ``cls_token``, ``reg_token``, ``pos_embed``,
@@ -27,7 +27,7 @@ from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weigh
 from vitlab.models.config import ModelConfig
 
 PRESETS: dict[str, dict] = {
-    # seed 003's from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
+    # a from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
     "vit_mnist": dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=8,
                       num_heads=8, mlp_ratio=4.0, pos_embed="sincos1d"),
     # ViT (Dosovitskiy et al., 2021) / DeiT sizes
