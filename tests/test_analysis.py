@@ -750,3 +750,26 @@ def test_cli_timm_checkpoint_exits_2_naming_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "vitlab.interop" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_rollout_options_pass_through(tmp_path, capsys):
+    ckpt = write_checkpoint(tmp_path / "ckpt", tiny("vit"), run={"dataset": "mnist-5k"})
+    out = tmp_path / "analysis"
+    rc = main(["analyze", "--checkpoint", str(ckpt), "--output", str(out), "--num-images", "4", "--show", "2",
+               "--device", "cpu", "--rollout", "gradient", "--head-fusion", "max", "--discard-ratio", "0.9",
+               "--target-class", "7"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rollout"] | {"label": None, "targets": None} == {
+        "method": "gradient", "head_fusion": "max", "discard_ratio": 0.9, "target_class": 7, "label": None,
+        "targets": None}
+    assert summary["rollout"]["targets"] == [7, 7, 7, 7]
+    html = (out / "index.html").read_text()
+    assert "--rollout gradient --head-fusion max --discard-ratio 0.9 --target-class 7" in html
+    assert "gradient-weighted rollout for the class 7" in capsys.readouterr().out
+    for bad in (["--discard-ratio", "1.5"], ["--target-class", "3"], ["--rollout", "gradient", "--target-class", "10"]):
+        rc = main(["analyze", "--checkpoint", str(ckpt), "--output", str(tmp_path / "bad"), "--num-images", "2",
+                   "--device", "cpu", *bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("vitlab analyze: error: ") and err.count("\n") == 1
+        assert not (tmp_path / "bad").exists()
