@@ -396,7 +396,8 @@ def test_depth_study_curves_average_over_seeds():
         rows.append({"variant": variant, "depth": depth, "seed": seed, "test_acc": acc, "best_test_acc": acc,
                      "train_time_s": 1.0, "params": depth, "macs": 2 * depth, "mean_similarity": acc / 2,
                      "similar_fraction": 0.5, "mean_similar_blocks": 1.0, "ratio_attn_mean": 0.1,
-                     "ratio_mlp_mean": 0.2})
+                     "ratio_mlp_mean": 0.2, "mean_similarity_pre_mix": float("nan"),
+                     "similar_fraction_pre_mix": float("nan"), "mean_similar_blocks_pre_mix": float("nan")})
     lines = curves(depth_aggregate(rows), "test_acc", ["vit", "cait", "rezero"])
     assert list(lines) == ["vit", "cait"]
     depths, means, stds = lines["vit"]
