@@ -229,6 +229,48 @@ def test_base_run_config_from_the_shared_options():
         base_run_config(parser.parse_args(["--run-set", "warmup_epochs"]))
 
 
+def test_budget_comes_from_the_data_sets_recipe():
+    import argparse
+
+    from vitlab.experiments.common import add_run_options, base_run_config, budget_epochs
+    from vitlab.train.config import size_defaults
+
+    recipe = size_defaults(4000)["epochs"]  # mnist-5k trains on 4,000 digits
+    assert budget_epochs("default", "mnist-5k") is None  # the run resolves the recipe's epochs itself
+    assert budget_epochs("quick", "mnist-5k") == max(1, round(0.2 * recipe))
+    assert budget_epochs("long", "mnist-5k") == 2 * recipe
+    assert budget_epochs("long", "mnist", limit_train=5000) == 2 * size_defaults(5000)["epochs"]
+    with pytest.raises(ConfigError, match="pass --epochs N"):
+        budget_epochs("long", "imagefolder")
+    parser = argparse.ArgumentParser()
+    add_run_options(parser)
+    assert parser.parse_args([]).budget == "default"
+    assert base_run_config(parser.parse_args([]), dataset="mnist-5k").epochs is None
+    assert base_run_config(parser.parse_args(["--budget", "long"]), dataset="mnist-5k").epochs == 2 * recipe
+    assert base_run_config(parser.parse_args(["--budget", "long", "--epochs", "3"]), dataset="mnist-5k").epochs == 3
+
+
+def test_reference_accuracy_and_the_undertrained_check():
+    from vitlab.data.reference import is_undertrained, reference_accuracy
+
+    assert reference_accuracy("mnist-5k") == 0.98 and reference_accuracy("cifar10") is None
+    assert reference_accuracy("mnist-5k", limit_train=64) is None  # a subset is not held to the reference
+    assert is_undertrained(0.50, "mnist-5k") and not is_undertrained(0.95, "mnist-5k")
+    assert not is_undertrained(0.50, "mnist-5k", limit_train=64) and not is_undertrained(float("nan"), "mnist")
+
+
+def test_study_command_warns_about_undertrained_runs(tmp_path: Path, monkeypatch, capsys):
+    trainer = FakeTrainer(lambda cfg: 0.30 if cfg.model_overrides["depth"] == 1 else 0.97)
+    monkeypatch.setattr(common, "train_run", trainer)
+    assert main(["sweep", "--param", "depth", "--values", "1,2", "--budget", "quick", "--no-progress",
+                 "--output", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "depth=1: test accuracy 30.00%" in out and "[under-trained]" in out.split("depth=2")[0]
+    assert "[under-trained]" not in out.split("depth=2")[1].splitlines()[0]
+    assert "warning: 1 of 2 runs ended more than 5 points below the 98% a trained model reaches on mnist-5k" in out
+    assert trainer.calls[0].epochs == common.budget_epochs("quick", "mnist-5k")
+
+
 def test_sweep_specs_make_a_validated_grid():
     params = parse_params("vit_mnist", ["embed_dim", "depth", "lr"], ["32,64", "1,2", "0.001"])
     specs = sweep_specs("vit_mnist", params, [0, 1], RunConfig(epochs=1), {"mlp_ratio": 2.0})
@@ -273,6 +315,11 @@ def test_sweep_tables_and_figure_numbers(tmp_path: Path):
     for name in ("sweep_embed_dim.png", "sweep_depth.png", "index.html", "summary.json"):
         assert (tmp_path / name).stat().st_size > 0
     assert "Best mean test accuracy 90.00%" in result["text"]
+    # every run but the one at 100% ends more than 5 points below mnist-5k's 98% reference: marked, warned
+    assert [r["undertrained"] for r in rows].count("True") == 11
+    assert summary[("32", "1")]["undertrained"] == "True" and result["warning"].startswith("warning: 11 of 12 runs")
+    assert "Warning: under-trained runs" in (tmp_path / "index.html").read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["warning"] == result["warning"]
 
 
 # ---------------------------------------------------------------- the commands end to end
@@ -371,6 +418,18 @@ def test_depth_study_variants_share_the_width():
         parse_variants("layerscal")
 
 
+def test_depth_study_fixup_variants():
+    from vitlab.experiments.depth_study import depth_specs, parse_variants, variant_model
+
+    assert parse_variants("fixup,tfixup") == ["fixup", "tfixup"]
+    assert variant_model("fixup", "vit_mnist", 8) == ("vit_mnist", {"depth": 8, "gate": "fixup"})
+    assert variant_model("tfixup", "vit_mnist", 8) == ("vit_mnist", {"depth": 8, "gate": "tfixup"})
+    specs = depth_specs("vit_mnist", [2], ["vit", "fixup", "tfixup"], [0], RunConfig(warmup_epochs=3.0))
+    warmups = {s.info["variant"]: s.config.warmup_epochs for s in specs}
+    assert warmups == {"vit": 3.0, "fixup": 3.0, "tfixup": 0.0}  # T-Fixup trains without warm-up
+    assert json.loads(specs[2].info["run_options"]) == {"warmup_epochs": 0.0}
+
+
 def test_depth_study_diagnostic_columns():
     from vitlab.experiments.depth_study import diagnostic_columns
 
@@ -396,7 +455,8 @@ def test_depth_study_curves_average_over_seeds():
         rows.append({"variant": variant, "depth": depth, "seed": seed, "test_acc": acc, "best_test_acc": acc,
                      "train_time_s": 1.0, "params": depth, "macs": 2 * depth, "mean_similarity": acc / 2,
                      "similar_fraction": 0.5, "mean_similar_blocks": 1.0, "ratio_attn_mean": 0.1,
-                     "ratio_mlp_mean": 0.2})
+                     "ratio_mlp_mean": 0.2, "mean_similarity_pre_mix": float("nan"),
+                     "similar_fraction_pre_mix": float("nan"), "mean_similar_blocks_pre_mix": float("nan")})
     lines = curves(depth_aggregate(rows), "test_acc", ["vit", "cait", "rezero"])
     assert list(lines) == ["vit", "cait"]
     depths, means, stds = lines["vit"]
@@ -431,6 +491,44 @@ def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):
     assert (tmp_path / "diagnostics.json").stat().st_mtime_ns == stamp  # read back, not recomputed
     diagnose(tmp_path, images, None, [], mean, std, threshold=0.8)
     assert json.loads((tmp_path / "diagnostics.json").read_text())["threshold"] == 0.8
+
+
+def test_depth_study_diagnoses_reattention_before_the_head_mix(tmp_path: Path):
+    from vitlab.analysis import collapse_groups
+    from vitlab.checkpoint import save_checkpoint
+    from vitlab.data import normalize
+    from vitlab.experiments.depth_study import diagnose, diagnostic_columns, per_layer_rows
+    from vitlab.layers.reattention import record_pre_mix
+
+    model = create_model("vit_mnist", depth=3, attn="reattention").eval()
+    save_checkpoint(tmp_path, model)
+    images = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    mean, std = (0.1307,), (0.3081,)
+    x = normalize(images, mean, std)
+    with torch.no_grad(), record_pre_mix(model.modules()) as pre_mix:
+        recorded = model.attention_maps(x)
+    assert len(pre_mix) == len(recorded) == 3
+    assert torch.allclose(pre_mix[0].sum(-1), torch.ones(6, 8, 17))  # softmax rows, before the mix
+    assert not torch.allclose(pre_mix[0], recorded[0])
+    diag = diagnose(tmp_path, images, None, [], mean, std, threshold=0.5)
+    expected = collapse_groups(list(pre_mix), threshold=0.5)[0]
+    got = diag["collapse_pre_mix"][0]
+    assert torch.allclose(torch.tensor(got["similarity"]), expected.similarity, atol=1e-5)
+    assert got["similar_blocks"] == expected.similar.tolist()
+    cols = diagnostic_columns(diag)
+    assert cols["mean_similarity_pre_mix"] == pytest.approx(expected.mean_off_diagonal())
+    assert cols["mean_similarity_pre_mix"] > cols["mean_similarity"]  # probability rows are alike by construction
+    spec = RunSpec("r", RunConfig(), {"variant": "deepvit", "depth": 3, "seed": 0})
+    layers = per_layer_rows(spec, diag)[1]
+    assert [r["maps"] for r in layers] == ["recorded"] * 3 + ["pre_mix"] * 3
+    # a diagnostics.json written before the pre-mix maps were recorded is recomputed
+    old = {k: v for k, v in diag.items() if k != "collapse_pre_mix"}
+    (tmp_path / "diagnostics.json").write_text(json.dumps(old))
+    assert "collapse_pre_mix" in diagnose(tmp_path, images, None, [], mean, std, threshold=0.5)
+    plain = create_model("vit_mnist", depth=2).eval()
+    save_checkpoint(tmp_path / "plain", plain)
+    diag = diagnose(tmp_path / "plain", images, None, [], mean, std, threshold=0.5)
+    assert diag["collapse_pre_mix"] == [] and math.isnan(diagnostic_columns(diag)["mean_similarity_pre_mix"])
 
 
 @pytest.mark.slow

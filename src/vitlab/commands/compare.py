@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
         print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "
-              f"{(macs or 0) / 1e6:.1f} matmul MMACs, training {t['train_time_s']:.1f} s ({t['start']})")
+              f"{(macs or 0) / 1e6:.1f} matmul MMACs, training {t['train_time_s']:.1f} s ({t['start']})"
+              + ("  [under-trained]" if t["undertrained"] else ""))
+    if result["warning"]:
+        print(result["warning"])
     print(f"wrote results.csv, summary.csv, compare.png, index.html to {out}")
     return 0

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 DEFAULT_VARIANTS = "vit,layerscale,rezero,skipinit,cait,deepvit"
+ALL_VARIANTS = "vit,layerscale,rezero,skipinit,fixup,tfixup,cait,deepvit"
 
 
 def register(subparsers: Any) -> None:
@@ -17,15 +18,17 @@ def register(subparsers: Any) -> None:
                     "same recipe), each run in its own sub-folder of --output (finished runs are read back), then "
                     "analyse each checkpoint like `vitlab analyze`: cross-layer attention similarity and "
                     "similar-block counts (DeepViT), residual ratios per block (CaiT). Variants: vit (gate none), "
-                    "layerscale (CaiT depth rule init), rezero, skipinit, cait (cait_xxs24 at the base width, 2 "
-                    "class-attention blocks), deepvit (re-attention). Writes results.csv, summary.csv, "
-                    "residual_ratios.csv, collapse_layers.csv, figures and index.html.")
+                    "layerscale (CaiT depth rule init), rezero, skipinit, fixup (Zhang et al. 2019), tfixup (Huang et "
+                    "al. 2020; trained without warm-up), cait (cait_xxs24 at the base width, 2 class-attention "
+                    "blocks), deepvit (re-attention; its softmax maps before the head mix are compared too). Runs "
+                    "that end far below the data set's reference accuracy are marked under-trained. Writes "
+                    "results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, figures and index.html.")
     p.add_argument("--dataset", default="mnist-5k", help="data set (default mnist-5k)")
     p.add_argument("--base", default="vit_mnist", help="preset giving width, heads, image and patch size "
                                                        "(default vit_mnist)")
     p.add_argument("--depths", required=True, metavar="D1,D2,...", help="depths to train, e.g. 6,12,24,36")
     p.add_argument("--variants", default=DEFAULT_VARIANTS, metavar="V1,V2,...",
-                   help=f"variants to compare (default {DEFAULT_VARIANTS})")
+                   help=f"variants to compare, from {ALL_VARIANTS} (default {DEFAULT_VARIANTS})")
     p.add_argument("--seeds", type=int, default=1, help="runs per variant and depth, seeds 0..N-1 (default 1)")
     p.add_argument("--num-images", type=int, default=64, help="test images the diagnostics average over "
                                                              "(default 64)")
@@ -56,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         run_all,
     )
     from vitlab.experiments.depth_study import (
+        VARIANT_RUN,
         depth_specs,
         diagnose,
         parse_variants,
@@ -77,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
                           "whose width the variants share")
     cfg = base_run_config(args, dataset=args.dataset)
     specs = depth_specs(args.base, depths, variants, list(range(args.seeds)), cfg, model_overrides(args.set))
+    for v in variants:
+        if VARIANT_RUN.get(v):
+            sets = ", ".join(f"{k}={val:g}" for k, val in VARIANT_RUN[v].items())
+            print(f"note: the {v} variant trains with {sets} whatever the recipe says (its paper's setting)",
+                  file=sys.stderr)
     out = check_output(args.output)
     pairs = run_all(specs, out, title="depth study")
 
@@ -103,8 +112,14 @@ def run(args: argparse.Namespace) -> int:
     for a in result["summary"]:
         print(f"{a['variant']:<10} depth {a['depth']:>3}: test accuracy {100 * a['test_acc_mean']:.2f}% "
               f"+- {100 * a['test_acc_std']:.2f}, mean similarity {a['mean_similarity_mean']:.3f}, "
-              f"layers with a similar block {100 * a['similar_fraction_mean']:.0f}%, residual ratio attn "
-              f"{a['ratio_attn_mean_mean']:.3f} mlp {a['ratio_mlp_mean_mean']:.3f}")
+              f"layers with a similar block {100 * a['similar_fraction_mean']:.0f}%"
+              + (f" (before the head mix {a['mean_similarity_pre_mix_mean']:.3f}, "
+                 f"{100 * a['similar_fraction_pre_mix_mean']:.0f}%)"
+                 if a["mean_similarity_pre_mix_mean"] == a["mean_similarity_pre_mix_mean"] else "")
+              + f", residual ratio attn {a['ratio_attn_mean_mean']:.3f} mlp {a['ratio_mlp_mean_mean']:.3f}"
+              + ("  [under-trained]" if a["undertrained"] else ""))
+    if result["warning"]:
+        print(result["warning"])
     print(f"wrote results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, {', '.join(result['figures'])}"
           f", index.html to {out}")
     return 0

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--embed-dim", type=int, default=S)
     g.add_argument("--num-heads", type=int, default=S)
     g.add_argument("--mlp-ratio", type=float, default=S)
-    g.add_argument("--gate", default=S, help="none | layerscale | rezero | skipinit | scalar")
+    g.add_argument("--gate", default=S, help="none | layerscale | rezero | skipinit | scalar | fixup | tfixup")
     g.add_argument("--attn", default=S, help="mhsa | talking_heads | reattention")
     g.add_argument("--drop-path", type=float, default=S, help="stochastic depth rate (the model's drop_path_rate)")
     g.add_argument("--drop-path-rule", choices=("uniform", "linear"), default=S)

@@ -201,7 +201,10 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
         ran_at = meter.begin(spec.name) if read_summary(out_dir / spec.name) is None else None
         summary, ran = run_or_load(spec, out_dir, trainer)
         acc = summary_value(summary, "test_acc")
-        meter.end(spec.name, ran_at if ran else None, f"test accuracy {100 * acc:.2f}%" if acc == acc else "")
+        note = f"test accuracy {100 * acc:.2f}%" if acc == acc else ""
+        if undertrained(summary, spec.config):
+            note += " (far below the data set's reference: under-trained)"
+        meter.end(spec.name, ran_at if ran else None, note)
         out.append((spec, summary))
     return out
 
@@ -433,7 +436,12 @@ def command_line(args: argparse.Namespace, paired: tuple[str, str] | None = None
 
 def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs per run") -> None:
     """The training options every study shares (anything left out takes the data set's recipe)."""
-    p.add_argument("--epochs", type=int, default=None, help=f"{epochs_help} (default: the data set's recipe)")
+    p.add_argument("--budget", choices=tuple(BUDGETS), default="default",
+                   help="epochs per run relative to the data set's recipe: quick (a fifth: a smoke test, its runs "
+                        "end under-trained), default (the recipe's epochs, 50 on mnist-5k: past the early "
+                        "plateau), long (twice the recipe's)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"{epochs_help}, exactly (overrides --budget; default: the budget's)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the recipe's)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     p.add_argument("--limit-train", type=int, default=None, metavar="N", help="train on a fixed subset of N images")
@@ -456,7 +464,10 @@ def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     extra: dict[str, Any] = {}
     for key, text in parse_set(args.run_set, "--run-set").items():
         extra.update(coerce({key: yaml_value(text)}, f"--run-set {key}"))
-    opts = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
+    epochs = args.epochs
+    if epochs is None and getattr(args, "budget", "default") != "default":
+        epochs = budget_epochs(args.budget, fields.get("dataset", "mnist-5k"), args.limit_train)
+    opts = {"epochs": epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
             "limit_test": args.limit_test, "data_dir": args.data_dir, "device": args.device,
             "threads": args.threads, "progress": args.progress}
     if args.no_augment:
@@ -483,3 +494,69 @@ def check_output(path: str | Path) -> Path:
         raise ConfigError(f"--output {out} is a file; pass a folder")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+# ---- training budget and the under-trained check -------------------------------------------------------
+
+BUDGETS = {"quick": 0.2, "default": 1.0, "long": 2.0}  # fraction of the data set's recipe epochs
+
+
+def budget_epochs(budget: str, dataset: str, limit_train: int | None = None) -> int | None:
+    """Epochs per run of ``budget`` on ``dataset``: a fraction of the recipe's epochs (the row of
+    :data:`~vitlab.train.config.SIZE_DEFAULTS` for its training-set size). None for ``default``: the run then
+    takes the recipe's epochs when it resolves its config, exactly as ``vitlab train`` does."""
+    from vitlab.data.reference import TRAIN_SIZES
+    from vitlab.train.config import size_defaults
+
+    if budget not in BUDGETS:
+        raise ConfigError(unknown_option(budget, list(BUDGETS), "--budget"))
+    if budget == "default":
+        return None
+    size = TRAIN_SIZES.get(dataset)
+    if size is None and limit_train is None:
+        raise ConfigError(f"--budget {budget} needs the training-set size of {dataset}, which vitlab does not know "
+                          "before loading it; pass --epochs N instead")
+    num_train = min(n for n in (size, limit_train) if n is not None)
+    return max(1, round(BUDGETS[budget] * size_defaults(num_train)["epochs"]))
+
+
+def undertrained(summary: dict, cfg: Any) -> bool:
+    """Whether a run of a study (its summary and run config) ended far below its data set's reference."""
+    from vitlab.data.reference import is_undertrained
+
+    return is_undertrained(summary_value(summary, "test_acc"), cfg.dataset, cfg.limit_train)
+
+
+def mark_groups(agg: Sequence[dict], rows: Sequence[dict], keys: Sequence[str]) -> None:
+    """Set ``undertrained`` on each aggregated row of ``agg`` (grouped by ``keys``) when any of its runs is."""
+    for a in agg:
+        a["undertrained"] = any(r.get("undertrained", False) for r in rows if all(r[k] == a[k] for k in keys))
+
+
+def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | None = None) -> str | None:
+    """One line naming how many ``rows`` (with ``undertrained`` and ``test_acc``) ended far below the
+    reference of ``dataset``, and what to do; None when none did."""
+    from vitlab.data.reference import UNDERTRAINED_MARGIN, reference_accuracy
+
+    marked = [r for r in rows if r.get("undertrained")]
+    ref = reference_accuracy(dataset, limit_train)
+    if not marked or ref is None:
+        return None
+    worst = min(r["test_acc"] for r in marked)
+    return (f"warning: {len(marked)} of {len(rows)} runs ended more than {100 * UNDERTRAINED_MARGIN:.0f} points "
+            f"below the {100 * ref:.0f}% a trained model reaches on {dataset} (lowest {100 * worst:.1f}%); they are "
+            "under-trained or failed to train, so their differences are not a finding: give more epochs "
+            "(--budget default or long, or --epochs N) before reading the study")
+
+
+def warning_section(rows: Sequence[dict], keys: Sequence[str], warning: str | None) -> list[Any]:
+    """The report section that leads a study with under-trained runs: the warning and the marked runs."""
+    from vitlab.analysis.report import Section
+
+    if warning is None:
+        return []
+    marked = [{k: r[k] for k in (*keys, "test_acc") if k in r} for r in rows if r.get("undertrained")]
+    for m in marked:
+        m["test_acc"] = f"{100 * m['test_acc']:.2f}%"
+    text = warning.removeprefix("warning: ")
+    return [Section("Warning: under-trained runs", text[0].upper() + text[1:], [], [marked])]

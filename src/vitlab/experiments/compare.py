@@ -15,7 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.experiments.common import RunSpec, aggregate, safe_name, split_list, summary_value, yaml_value
+from vitlab.experiments.common import (
+    RunSpec,
+    aggregate,
+    mark_groups,
+    safe_name,
+    split_list,
+    summary_value,
+    undertrained,
+    undertrained_warning,
+    warning_section,
+    yaml_value,
+)
 
 SKIP = ("-", "none", "")
 VALUES = ("test_acc", "best_test_acc", "train_time_s", "wall_time_s")
@@ -172,6 +183,7 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], out: Path) -> list[dict[str, 
         row["macs"] = int(macs) if macs == macs else None
         row["matmul_macs"] = matmul_macs(out / spec.name)
         row["overrides"] = json.dumps(spec.info["overrides"], sort_keys=True)
+        row["undertrained"] = undertrained(summary, spec.config)
         row["run"] = spec.name
         rows.append(row)
     return rows
@@ -183,6 +195,7 @@ def aggregate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for a in agg:
         r = first[(a["label"], a["start"])]
         a["model"], a["params"], a["macs"], a["matmul_macs"] = r["model"], r["params"], r["macs"], r["matmul_macs"]
+    mark_groups(agg, rows, ("label", "start"))
     return agg
 
 
@@ -233,12 +246,15 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
     table = [{"model": a["label"], "start": a["start"], "test_acc": a["test_acc_mean"],
               "test_acc_std": a["test_acc_std"], "seeds": a["n"], "params": a["params"], "macs": a["macs"],
               "matmul_macs": a["matmul_macs"], "train_time_s": a["train_time_s_mean"],
-              "wall_time_s": a["wall_time_s_mean"]} for a in agg]
+              "wall_time_s": a["wall_time_s_mean"], "undertrained": a["undertrained"]} for a in agg]
     write_csv(out / "summary.csv", table)
     plot_compare(agg, out / "compare.png", title)
-    write_json(out / "summary.json", {**meta, "results": table})
+    first = pairs[0][0].config
+    warning = undertrained_warning(rows, first.dataset, first.limit_train)
+    write_json(out / "summary.json", {**meta, "results": table, "warning": warning})
     text = "; ".join(f"{t['model']}: {100 * t['test_acc']:.2f}%" for t in table)
     sections = [
+        *warning_section(rows, ("label", "seed"), warning),
         Section("Comparison", f"{text}. Final test accuracy after the same recipe (mean over seeds). macs is each "
                 "model's own count (vitlab: every multiply, timm: FlopCounterMode); matmul_macs counts the "
                 "matrix products of both the same way (FlopCounterMode FLOPs / 2), per image. Training time is "
@@ -250,4 +266,4 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
                                       for k, v in meta.items()]]),
     ]
     write_report(out, title, command, sections)
-    return {"rows": rows, "summary": table, "text": text}
+    return {"rows": rows, "summary": table, "text": text, "warning": warning}

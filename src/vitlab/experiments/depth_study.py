@@ -1,4 +1,5 @@
-"""The depth study: accuracy against depth for ViT, LayerScale, ReZero, SkipInit, CaiT and DeepViT at one width,
+"""The depth study: accuracy against depth for ViT, LayerScale, ReZero, SkipInit, Fixup, T-Fixup, CaiT and DeepViT at
+one width,
 with the diagnostics of ``vitlab analyze`` for every run (attention collapse, residual ratios per block).
 
 This makes the CaiT claim (LayerScale and class-attention let deeper models train) and the DeepViT claim
@@ -14,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.experiments.common import RunSpec, aggregate, summary_value, unknown_option
+from vitlab.experiments.common import (
+    RunSpec,
+    aggregate,
+    mark_groups,
+    summary_value,
+    undertrained,
+    undertrained_warning,
+    unknown_option,
+    warning_section,
+)
 
 SHARED = ("img_size", "patch_size", "in_chans", "embed_dim", "num_heads", "mlp_ratio", "pos_embed")
 VARIANT_KEYS = ("depth", "gate", "attn", "init_values", "depth_token_only")  # what the variants differ by
@@ -46,6 +56,8 @@ VARIANTS: dict[str, Callable[[str, int], tuple[str, dict]]] = {
     "layerscale": _vit("layerscale", layerscale_init=True),
     "rezero": _vit("rezero"),
     "skipinit": _vit("skipinit"),
+    "fixup": _vit("fixup"),
+    "tfixup": _vit("tfixup"),
     "cait": _cait,
     "deepvit": _vit("none", attn="reattention"),
 }
@@ -54,9 +66,17 @@ DESCRIPTIONS = {
     "layerscale": "LayerScale on both branches, init from the CaiT depth rule (cait_init_value(depth))",
     "rezero": "ReZero: one scalar gate per branch, init 0, pre-norms removed",
     "skipinit": "SkipInit: one scalar gate per branch, init 0, pre-norms kept",
+    "fixup": "Fixup: pre-norms removed, last layer of each branch (attn.proj, mlp.fc2) and the head at 0, qkv and "
+             "fc1 scaled by (2 depth)^-1/2, a scalar multiplier and scalar biases per branch",
+    "tfixup": "T-Fixup: pre-norms removed, no gate, Xavier init with v, proj, fc1, fc2 scaled by 0.67 depth^-1/4 "
+              "and the input embedding by (9 depth)^-1/4; trained without warm-up (warmup_epochs=0)",
     "cait": "CaiT: talking-heads self-attention with LayerScale on the patches, then 2 class-attention blocks",
     "deepvit": "DeepViT: re-attention (a learnable heads x heads mix of the maps, then a norm) in every block",
 }
+
+
+# run options a variant sets itself: T-Fixup is meant to train without learning-rate warm-up (Huang et al. 2020)
+VARIANT_RUN: dict[str, dict[str, Any]] = {"tfixup": {"warmup_epochs": 0.0}}
 
 
 def parse_variants(text: str) -> list[str]:
@@ -98,10 +118,12 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
                                   f"the variants differ by exactly these options, so set only others")
             overrides = {**overrides, **(shared or {})}
             get_config(preset, **overrides)
-            run_cfg = cfg.replace(model=preset, model_overrides=overrides)
+            run_options = VARIANT_RUN.get(variant, {})
+            run_cfg = cfg.replace(model=preset, model_overrides=overrides, **run_options)
             for seed in seeds:
                 info = {"variant": variant, "depth": depth, "seed": seed, "preset": preset,
-                        "overrides": json.dumps(overrides, sort_keys=True)}
+                        "overrides": json.dumps(overrides, sort_keys=True),
+                        "run_options": json.dumps(run_options, sort_keys=True)}
                 specs.append(RunSpec(f"{variant}_depth{depth}_seed{seed}", run_cfg.replace(seed=seed), info))
     return specs
 
@@ -110,17 +132,23 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
              threshold: float, batch_size: int = 32, full_report: bool = False) -> dict[str, Any]:
     """Attention collapse and residual ratios of the run's checkpoint on ``images`` (uint8 test images), saved
     as ``run_dir/diagnostics.json`` and read back when it exists with the same settings. ``full_report``
-    also writes the whole ``vitlab analyze`` report (attention maps, rollout...) into ``run_dir/analysis``."""
+    also writes the whole ``vitlab analyze`` report (attention maps, rollout...) into ``run_dir/analysis``.
+
+    ``collapse`` compares the maps multiplied with the values; for re-attention layers those are mixed over
+    heads and normalised (not probability rows), so ``collapse_pre_mix`` also compares their softmax maps
+    before the head mix (empty for models without re-attention)."""
     import torch
 
     from vitlab.analysis import SimilarityMeter, analyze_model, residual_ratios, write_json
     from vitlab.analysis.analyze import model_inputs
     from vitlab.checkpoint import load_model
+    from vitlab.layers.reattention import record_pre_mix
 
     path = run_dir / "diagnostics.json"
     if path.is_file() and not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
         diag = json.loads(path.read_text())
-        if diag.get("threshold") == threshold and diag.get("num_images") == len(images):
+        if (diag.get("threshold") == threshold and diag.get("num_images") == len(images)
+                and "collapse_pre_mix" in diag):
             return diag
     model = load_model(run_dir).eval()
     if full_report:
@@ -129,34 +157,48 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
         analyze_model(model, images, run_dir / "analysis", labels=labels, classes=classes, mean=mean, std=std,
                       threshold=threshold, batch_size=batch_size, command=cmd, title=f"Analysis of {run_dir.name}")
     x = model_inputs(model, images, mean, std)
-    meter = SimilarityMeter(threshold)
+    meter, pre_meter = SimilarityMeter(threshold), SimilarityMeter(threshold)
     with torch.no_grad():
         for chunk in x.split(batch_size):
-            meter.update(model.attention_maps(chunk))
-    groups = meter.compute()
+            with record_pre_mix(model.modules()) as pre_mix:
+                meter.update(model.attention_maps(chunk))
+            if pre_mix:
+                pre_meter.update(list(pre_mix))
     diag = {"threshold": threshold, "num_images": len(images),
-            "collapse": [{"group": g.name, "along": g.along, "layers": g.layers,
-                          "mean_similarity": g.mean_off_diagonal(), "similar_blocks": g.similar.tolist(),
-                          "similarity": g.similarity.tolist()} for g in groups],
+            "collapse": _collapse_rows(meter.compute()),
+            "collapse_pre_mix": _collapse_rows(pre_meter.compute()) if pre_meter.count else [],
             "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)]}
     write_json(path, diag)
     return diag
 
 
-def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
-    """The per-run numbers of the study: self-attention collapse and residual-ratio summaries."""
-    sa = next((g for g in diag["collapse"] if g["group"] == "self_attention"), None)
-    ratios = diag["residual_ratios"]
-    sa_ratios = [r for r in ratios if r["kind"] == "self_attention"]
+def _collapse_rows(groups: list[Any]) -> list[dict[str, Any]]:
+    return [{"group": g.name, "along": g.along, "layers": g.layers, "mean_similarity": g.mean_off_diagonal(),
+             "similar_blocks": g.similar.tolist(), "similarity": g.similarity.tolist()} for g in groups]
+
+
+def _collapse_columns(groups: list[dict[str, Any]], suffix: str = "") -> dict[str, Any]:
+    sa = next((g for g in groups if g["group"] == "self_attention"), None)
     n = len(sa["layers"]) if sa else 0
     similar = sa["similar_blocks"] if sa else []
+    return {
+        f"mean_similarity{suffix}": sa["mean_similarity"] if sa and n > 1 else float("nan"),
+        f"layers_with_similar{suffix}": sum(1 for c in similar if c > 0),
+        f"similar_fraction{suffix}": sum(1 for c in similar if c > 0) / n if n > 1 else float("nan"),
+        f"mean_similar_blocks{suffix}": sum(similar) / n if n > 1 else float("nan"),
+    }
+
+
+def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
+    """The per-run numbers of the study: self-attention collapse (of the recorded maps, and ``*_pre_mix`` of
+    re-attention's softmax maps before the head mix: NaN without re-attention) and residual-ratio summaries."""
+    ratios = diag["residual_ratios"]
+    sa_ratios = [r for r in ratios if r["kind"] == "self_attention"]
     attn = [r["attn_mean"] for r in sa_ratios]
     mlp = [r["mlp_mean"] for r in sa_ratios]
     return {
-        "mean_similarity": sa["mean_similarity"] if sa and n > 1 else float("nan"),
-        "layers_with_similar": sum(1 for c in similar if c > 0),
-        "similar_fraction": sum(1 for c in similar if c > 0) / n if n > 1 else float("nan"),
-        "mean_similar_blocks": sum(similar) / n if n > 1 else float("nan"),
+        **_collapse_columns(diag["collapse"]),
+        **_collapse_columns(diag.get("collapse_pre_mix", []), "_pre_mix"),
         "ratio_attn_mean": sum(attn) / len(attn) if attn else float("nan"),
         "ratio_mlp_mean": sum(mlp) / len(mlp) if mlp else float("nan"),
         "ratio_attn_last": attn[-1] if attn else float("nan"),
@@ -164,7 +206,8 @@ def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-DIAG_VALUES = ("mean_similarity", "similar_fraction", "mean_similar_blocks", "ratio_attn_mean", "ratio_mlp_mean")
+DIAG_VALUES = ("mean_similarity", "similar_fraction", "mean_similar_blocks", "mean_similarity_pre_mix",
+               "similar_fraction_pre_mix", "mean_similar_blocks_pre_mix", "ratio_attn_mean", "ratio_mlp_mean")
 VALUES = ("test_acc", "best_test_acc", "train_time_s") + DIAG_VALUES
 
 
@@ -174,7 +217,9 @@ def result_row(spec: RunSpec, summary: dict, diag: dict[str, Any]) -> dict[str, 
         row[key] = summary_value(summary, key)
     row["params"], row["macs"] = int(row["params"]), int(row["macs"])
     row.update(diagnostic_columns(diag))
+    row["undertrained"] = undertrained(summary, spec.config)
     row["preset"], row["overrides"], row["run"] = spec.info["preset"], spec.info["overrides"], spec.name
+    row["run_options"] = spec.info.get("run_options", "{}")
     return row
 
 
@@ -185,13 +230,15 @@ def per_layer_rows(spec: RunSpec, diag: dict[str, Any]) -> tuple[list[dict], lis
                "attn_std": r["attn_std"], "mlp_mean": r["mlp_mean"], "mlp_std": r["mlp_std"]}
               for r in diag["residual_ratios"]]
     layers = []
-    for g in diag["collapse"]:
-        for i, layer in enumerate(g["layers"]):
-            sim = g["similarity"][i]
-            others = [s for j, s in enumerate(sim) if j != i]
-            layers.append({**key, "group": g["group"], "layer": layer, "similar_blocks": g["similar_blocks"][i],
-                           "similarity_prev": sim[i - 1] if i > 0 else float("nan"),
-                           "mean_similarity_others": sum(others) / len(others) if others else float("nan")})
+    for maps, groups in (("recorded", diag["collapse"]), ("pre_mix", diag.get("collapse_pre_mix", []))):
+        for g in groups:
+            for i, layer in enumerate(g["layers"]):
+                sim = g["similarity"][i]
+                others = [s for j, s in enumerate(sim) if j != i]
+                layers.append({**key, "maps": maps, "group": g["group"], "layer": layer,
+                               "similar_blocks": g["similar_blocks"][i],
+                               "similarity_prev": sim[i - 1] if i > 0 else float("nan"),
+                               "mean_similarity_others": sum(others) / len(others) if others else float("nan")})
     return ratios, layers
 
 
@@ -201,6 +248,7 @@ def aggregate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for a in agg:
         r = first[(a["variant"], a["depth"])]
         a["params"], a["macs"] = r["params"], r["macs"]
+    mark_groups(agg, rows, ("variant", "depth"))
     return agg
 
 
@@ -272,8 +320,8 @@ def _mean(xs: list[float]) -> float:
 
 
 def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Path) -> Path:
-    """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0), three
-    panels per row."""
+    """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0), plus
+    one of re-attention's softmax maps before the head mix ("pre-mix"), three panels per row."""
     import math as m
 
     import numpy as np
@@ -282,9 +330,10 @@ def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Pa
 
     panels = []
     for variant, diag in diags.items():
-        sa = next((g for g in diag["collapse"] if g["group"] == "self_attention"), None)
-        if sa:
-            panels.append((f"{variant} (mean {sa['mean_similarity']:.2f})", np.array(sa["similarity"])))
+        for key, label in (("collapse", variant), ("collapse_pre_mix", f"{variant} pre-mix")):
+            sa = next((g for g in diag.get(key, []) if g["group"] == "self_attention"), None)
+            if sa:
+                panels.append((f"{label} (mean {sa['mean_similarity']:.2f})", np.array(sa["similarity"])))
     cols = min(3, len(panels))
     rows = m.ceil(len(panels) / cols)
     lo = min(0.0, *(float(p[1].min()) for p in panels))
@@ -309,21 +358,28 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
 
     agg = aggregate_rows(rows)
+    warning = undertrained_warning(rows, meta["dataset"], (meta.get("run_config") or {}).get("limit_train"))
     write_csv(out / "results.csv", rows)
     write_csv(out / "summary.csv", agg)
     write_csv(out / "residual_ratios.csv", ratio_rows)
     write_csv(out / "collapse_layers.csv", layer_rows)
     plot_against_depth(agg, variants, [("test_acc", "test accuracy (%)", 100.0)], out / "accuracy_vs_depth.png",
                        "test accuracy against depth (mean +- std over seeds)")
-    plot_against_depth(agg, variants, [("mean_similarity", "mean cross-layer similarity", 1.0),
-                                       ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)],
-                       out / "collapse_vs_depth.png", "attention collapse (self-attention maps)")
+    collapse_panels = [("mean_similarity", "mean cross-layer similarity", 1.0),
+                       ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)]
+    pre_mix = any(r["mean_similarity_pre_mix"] == r["mean_similarity_pre_mix"] for r in rows)
+    if pre_mix:
+        collapse_panels += [("mean_similarity_pre_mix", "re-attention before the head mix: mean similarity", 1.0),
+                            ("similar_fraction_pre_mix", f"before the mix: layers with a similar block "
+                                                         f"(> {threshold:g})", 1.0)]
+    plot_against_depth(agg, variants, collapse_panels, out / "collapse_vs_depth.png",
+                       "attention collapse (self-attention maps)")
     plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
     figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png"]
     sim_name = f"similarity_depth{max(depths)}.png"
     if deepest:
         plot_similarity(deepest, max(depths), out / sim_name)
-    write_json(out / "summary.json", {**meta, "results": agg})
+    write_json(out / "summary.json", {**meta, "results": agg, "warning": warning})
     best = {}
     for a in agg:
         if a["variant"] not in best or a["test_acc_mean"] > best[a["variant"]]["test_acc_mean"]:
@@ -331,21 +387,28 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     lines = "; ".join(f"{v}: best {100 * best[v]['test_acc_mean']:.2f}% at depth {best[v]['depth']}"
                       for v in variants if v in best)
     variants_rows = [{"variant": v, "what": DESCRIPTIONS[v],
-                      "overrides at the deepest depth": json.dumps(variant_model(v, meta["base"], max(depths))[1])}
+                      "overrides at the deepest depth": json.dumps(variant_model(v, meta["base"], max(depths))[1]),
+                      "run options it sets": json.dumps(VARIANT_RUN.get(v, {}))}
                      for v in variants]
+    pre_mix_text = (" For re-attention (deepvit) the recorded maps are mixed over heads and normalised, so their "
+                    "cosines sit near 0 partly by construction; the *_pre_mix columns and the 'pre-mix' panels "
+                    "compare its softmax maps before the head mix, on the same scale as the other variants' maps."
+                    if pre_mix else "")
     sections = [
+        *warning_section(rows, ("variant", "depth", "seed"), warning),
         Section("Accuracy against depth", f"{lines}. Final test accuracy after the same recipe; error bars are the "
                 "standard deviation over seeds (0 with one seed).", ["accuracy_vs_depth.png"], ["summary.csv"]),
         Section("Attention collapse", "Mean cosine similarity between the attention maps of different "
-                "self-attention layers (DeepViT, Zhou et al.: same head, same key token, compared over queries), and "
-                f"the share of layers that have at least one other layer above {threshold:g}. Rising curves mean the "
-                "extra blocks repeat the same attention.", ["collapse_vs_depth.png"]
+                "self-attention layers (Zhou et al. 2021, DeepViT: same head, same key token, compared over "
+                f"queries), and the share of layers that have at least one other layer above {threshold:g}. Rising "
+                f"curves mean the extra blocks repeat the same attention.{pre_mix_text}", ["collapse_vs_depth.png"]
                 + ([sim_name] if deepest else []), ["collapse_layers.csv"]),
-        Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (CaiT, Touvron et al.), "
-                "mean over the test images used for the diagnostics and over seeds.", ["residual_ratios.png"],
-                ["residual_ratios.csv"]),
+        Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (Touvron et al. "
+                "2021, CaiT), mean over the test images used for the diagnostics and over seeds.",
+                ["residual_ratios.png"], ["residual_ratios.csv"]),
         Section("Variants", "Every variant uses the base preset's width, heads, image and patch size, position "
-                "embedding and the same recipe; results.csv records the exact overrides of each run. Each run's "
+                "embedding and the same recipe, except the run options a variant sets itself (T-Fixup: no "
+                "warm-up); results.csv records the exact overrides and run options of each run. Each run's "
                 "folder holds its checkpoint and diagnostics.json (with --analyze-runs also an analysis/ folder "
                 "holding the full `vitlab analyze` report: attention maps per head, rollout).",
                 [], [variants_rows]),
@@ -354,4 +417,5 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                                       for k, v in meta.items()]]),
     ]
     write_report(out, title, command, sections)
-    return {"summary": agg, "figures": figures + ([sim_name] if deepest else []), "text": lines}
+    return {"summary": agg, "figures": figures + ([sim_name] if deepest else []), "text": lines,
+            "warning": warning}

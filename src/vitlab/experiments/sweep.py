@@ -22,12 +22,16 @@ from vitlab.experiments.common import (
     RunSpec,
     aggregate,
     format_value,
+    mark_groups,
     model_cost,
     parse_typed,
     safe_name,
     split_list,
     summary_value,
+    undertrained,
+    undertrained_warning,
     unknown_option,
+    warning_section,
 )
 
 MODEL, RUN = "model", "run"
@@ -143,6 +147,7 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> 
         row["params"] = int(params_n)
         row["macs"] = int(macs)
         row["flops"] = 2 * int(macs)
+        row["undertrained"] = undertrained(summary, spec.config)
         row["run"] = spec.name
         rows.append(row)
     return rows
@@ -156,6 +161,7 @@ def aggregate_rows(rows: list[dict[str, Any]], params: list[SweepParam]) -> list
     for a in agg:
         r = first[tuple(a[k] for k in keys)]
         a["params"], a["macs"] = r["params"], r["macs"]
+    mark_groups(agg, rows, keys)
     return agg
 
 
@@ -250,9 +256,12 @@ def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[Sweep
         plot_param(figure_series(agg, p, params), p, out / name, f"{title}: {p.name}")
         figures.append(name)
     text = summary_text(agg, params)
+    first = pairs[0][0].config
+    warning = undertrained_warning(rows, first.dataset, first.limit_train)
     write_json(out / "summary.json", {**meta, "params": [{"name": p.name, "kind": p.kind, "values": p.values}
-                                                          for p in params], "results": agg})
-    sections = [Section("Sweep", f"{text} Each point is the mean over seeds of the final test accuracy; error bars "
+                                                          for p in params], "results": agg, "warning": warning})
+    sections = warning_section(rows, [p.name for p in params] + ["seed"], warning)
+    sections += [Section("Sweep", f"{text} Each point is the mean over seeds of the final test accuracy; error bars "
                         "are the sample standard deviation (0 with one seed). Training time is the time spent in "
                         "training steps, without evaluation; it was measured on a machine that may be shared.",
                         figures, ["summary.csv"]),
@@ -261,4 +270,4 @@ def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[Sweep
                 Section("Settings", "", [], [[{"setting": k, "value": json.dumps(v) if not isinstance(v, str) else v}
                                               for k, v in meta.items()]])]
     write_report(out, title, command, sections)
-    return {"rows": rows, "summary": agg, "figures": figures, "text": text}
+    return {"rows": rows, "summary": agg, "figures": figures, "text": text, "warning": warning}

@@ -378,6 +378,8 @@ def timm_unsupported(model: VitlabModel) -> list[str]:
         out.append("DeepViT's convolutional stem (stem='conv')")
     if cfg.gate == "rezero":
         out.append("ReZero gates, which drop the pre-norms (gate='rezero')")
+    if cfg.gate in ("fixup", "tfixup"):
+        out.append(f"{'Fixup' if cfg.gate == 'fixup' else 'T-Fixup'} blocks without LayerNorm (gate='{cfg.gate}')")
     if cfg.arch == "vit" and cfg.attn == "talking_heads":
         out.append("talking-heads attention in a ViT (timm has it only in Cait)")
     if cfg.arch == "cait" and cfg.mlp != "gelu":

@@ -1,7 +1,8 @@
 """The pre-norm transformer block: ``x += gate(attn(norm1(x)))``, ``x += gate(mlp(norm2(x)))``.
 
 Any attention kind (plain, talking heads, re-attention, QK-norm, RoPE) and any residual gate (none,
-LayerScale, ReZero, SkipInit, small-eps scalar) are arguments, not forks.
+LayerScale, ReZero, SkipInit, small-eps scalar, Fixup, T-Fixup) are arguments, not forks. Fixup and T-Fixup
+are norm-free: their initialisation is applied to the whole model (see :mod:`vitlab.layers.fixup`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from vitlab.layers.attention import Attention
 from vitlab.layers.drop_path import DropPath
+from vitlab.layers.fixup import FIXUP_GATES, FixupGate, add_fixup_biases
 from vitlab.layers.layer_scale import LayerScale, ScalarGate, make_gate
 from vitlab.layers.mlp import Mlp
 from vitlab.layers.norm import LayerNorm
@@ -40,8 +42,8 @@ class ResidualGates:
             self.gamma_1._no_weight_decay = True
             self.gamma_2._no_weight_decay = True
         else:
-            self.ls1 = make_gate(gate, dim, init_values)
-            self.ls2 = make_gate(gate, dim, init_values)
+            self.ls1 = _gate(gate, dim, init_values)
+            self.ls2 = _gate(gate, dim, init_values)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
@@ -61,9 +63,21 @@ class ResidualGates:
     def _gate_flops(self, num_tokens: int) -> int:
         if self._param_gates or isinstance(self.ls1, LayerScale):
             return num_tokens * self.dim
-        if isinstance(self.ls1, ScalarGate):
+        if isinstance(self.ls1, ScalarGate | FixupGate):
             return num_tokens * self.dim
         return 0
+
+
+NORM_FREE = ("rezero", *FIXUP_GATES)  # gates whose blocks have no pre-norms
+
+
+def _gate(kind: str, dim: int, init_values: float | None) -> nn.Module:
+    """:func:`make_gate`, plus Fixup's scalar multiplier and bias; T-Fixup has no gate."""
+    if kind == "fixup":
+        return FixupGate()
+    if kind == "tfixup":
+        return nn.Identity()
+    return make_gate(kind, dim, init_values)
 
 
 @contextlib.contextmanager
@@ -90,11 +104,13 @@ class Block(ResidualGates, nn.Module):
                  proj_drop: float = 0.0, timm_names: bool = False) -> None:
         super().__init__()
         self.dim = dim
-        # ReZero drops the pre-norms; every other gate keeps them
-        self.norm1 = nn.Identity() if gate == "rezero" else norm_layer(dim)
+        # ReZero, Fixup and T-Fixup drop the pre-norms; every other gate keeps them
+        self.norm1 = nn.Identity() if gate in NORM_FREE else norm_layer(dim)
         self.attn = attn_layer(dim, num_heads, proj_drop=proj_drop, **(attn_kwargs or {}))
-        self.norm2 = nn.Identity() if gate == "rezero" else norm_layer(dim)
+        self.norm2 = nn.Identity() if gate in NORM_FREE else norm_layer(dim)
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop)
+        if gate == "fixup":
+            add_fixup_biases(self.attn, self.mlp)
         self._init_gates(dim, gate, init_values, drop_path, timm_names)
 
     def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -14,12 +17,17 @@ REATTN_NORMS = ("batch", "layer")
 class ReAttention(AttentionBase):
     """``Norm(Theta^T softmax(Q K^T / sqrt(d))) V``.
 
+    :func:`~vitlab.layers.record_attention` records the map multiplied with the values (mixed, normalised);
+    :func:`record_pre_mix` records the softmax maps before the head mix.
+
     ``norm='batch'`` is BatchNorm over the head channels (the official code), ``'layer'`` LayerNorm over
     the heads at each position (vit-pytorch). ``scale=True`` multiplies the re-attended map by
     ``head_dim ** -0.5`` as the official ``apply_transform_scale`` option does. Attention dropout acts on the
     softmaxed maps before the head mix, as in the DeepViT code and vit-pytorch's ``deepvit.py``. Mixing
     before the values cannot be fused, so this module always takes the explicit path.
     """
+
+    _pre_mix: list[Tensor] | None = None
 
     def __init__(self, dim: int, num_heads: int = 8, *, qkv_bias: bool = True, norm: str = "batch",
                  scale: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
@@ -53,6 +61,8 @@ class ReAttention(AttentionBase):
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, d)
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
+        if self._pre_mix is not None:
+            self._pre_mix.append(attn)
         attn = self.attn_drop(attn)  # on the softmax maps, before the head mix, as both reference codes do
         attn = torch.einsum("bhij,hg->bgij", attn, self.reattn_weights)
         if self.norm_kind == "batch":
@@ -72,3 +82,18 @@ class ReAttention(AttentionBase):
         norm = 2 if self.norm_kind == "batch" else 3  # per element: BatchNorm (eval) 2, LayerNorm 3
         rescale = h * t * t if self.reattn_scale != 1.0 else 0
         return macs + t * c + h * t * t + norm * h * t * t + rescale  # q scale, softmax, norm, map scale
+
+
+@contextlib.contextmanager
+def record_pre_mix(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
+    """Within the block, every :class:`ReAttention` appends its softmax maps ``(B, heads, T, T)`` *before* the
+    heads x heads mix (probability rows, comparable with plain attention's maps) to the yielded list."""
+    maps: list[Tensor] = []
+    mods = [m for m in modules if isinstance(m, ReAttention)]
+    for m in mods:
+        m._pre_mix = maps
+    try:
+        yield maps
+    finally:
+        for m in mods:
+            m._pre_mix = None

@@ -11,6 +11,7 @@ from typing import Any
 
 from vitlab.errors import ConfigError
 from vitlab.layers import DROP_PATH_RULES, GATES, MLPS, NORMS, POS_EMBEDS, REATTN_NORMS, cait_init_value
+from vitlab.layers.fixup import FIXUP_GATES
 
 ARCHS = ("vit", "cait")
 ATTNS = ("mhsa", "talking_heads", "reattention")
@@ -50,7 +51,7 @@ class ModelConfig:
     rope: bool = False  # 2-D RoPE on patch tokens (and registers at the end)
     rope_theta: float = 10000.0
     reg_rope_theta: float = 100.0
-    gate: str = "none"  # none | layerscale | rezero | skipinit | scalar
+    gate: str = "none"  # none | layerscale | rezero | skipinit | scalar | fixup | tfixup (arch 'vit')
     init_values: float | None = None  # gate init (LayerScale / small-eps scalar)
     norm: str = "layernorm"  # layernorm | rmsnorm
     mlp: str = "gelu"  # gelu | swiglu
@@ -104,7 +105,7 @@ class ModelConfig:
         """Raise :class:`ConfigError` naming the fix for any impossible combination."""
         _choice("arch", self.arch, ARCHS)
         _choice("attn", self.attn, ATTNS)
-        _choice("gate", self.gate, GATES)
+        _choice("gate", self.gate, GATES + FIXUP_GATES)
         _choice("norm", self.norm, NORMS)
         _choice("mlp", self.mlp, MLPS)
         _choice("pos_embed", self.pos_embed, POS_EMBEDS)
@@ -165,6 +166,9 @@ class ModelConfig:
             if self.depth_token_only < 1 and self.global_pool == "token":
                 raise ConfigError("CaiT with depth_token_only=0 never lets the class token see the patches; use "
                                   "depth_token_only >= 1 or global_pool='avg'")
+        if self.gate in FIXUP_GATES and self.arch != "vit":
+            raise ConfigError(f"gate={self.gate!r} initialises a ViT's blocks and head; use a vit preset, or another "
+                              f"gate ({', '.join(GATES)}) for {self.arch}")
         if self.stem == "conv" and self.patch_size % 2:
             raise ConfigError(f"stem='conv' needs an even patch_size, got {self.patch_size}")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:

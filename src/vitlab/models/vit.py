@@ -23,6 +23,7 @@ from vitlab.layers import (
     mlp_layer,
     norm_layer,
 )
+from vitlab.layers.fixup import init_fixup, init_tfixup
 from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weights
 from vitlab.models.config import ModelConfig
 
@@ -112,6 +113,10 @@ class VisionTransformer(VitlabModel):
         for m in self.modules():
             if isinstance(m, ReAttention):
                 m.reset_parameters()
+        if self.cfg.gate == "fixup":
+            init_fixup(list(self.blocks), self.head)
+        elif self.cfg.gate == "tfixup":
+            init_tfixup(self)
 
     def _tokens(self, x: Tensor) -> Tensor:
         """Patches ``(B, N, D)`` -> all tokens ``(B, T, D)`` with position embedding added."""
