@@ -25,6 +25,7 @@ from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm, from_timm_state_dict
 from vitlab.layers import resample_abs_pos_embed
 from vitlab.models import ModelConfig, VitlabModel, build_model, get_config
+from vitlab.models.pretrained_cfg import apply_checkpoint_file
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
@@ -55,7 +56,7 @@ def load_pretrained(model_or_name: VitlabModel | ModelConfig | str | None = None
     state = strip_wrappers(state)
     model = _target_model(model_or_name, state, file_cfg, overrides)
     model.load_state_dict(adapt_state_dict(state, model, drop_dist_token=drop_dist_token))
-    return model
+    return apply_checkpoint_file(model, path)  # pretrained_cfg: a vitlab run's normalisation, for timm.data
 
 
 def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelConfig | None,

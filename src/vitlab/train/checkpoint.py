@@ -27,6 +27,7 @@ from torch import nn
 from vitlab.atomic import atomic_path
 from vitlab.errors import CheckpointError
 from vitlab.models import build_model, get_config
+from vitlab.models.pretrained_cfg import apply_checkpoint_config
 from vitlab.train.models import TIMM_PREFIX, create_timm, is_timm, model_from_spec, spec_label, spec_of, unwrap
 
 FORMAT = "vitlab-checkpoint/1"
@@ -190,7 +191,7 @@ def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) 
             f"{f' ({diff})' if diff else ''}: {problem}; load it without --model/overrides, or pass the "
             "matching --model")
     net.load_state_dict(weights)
-    return net
+    return apply_checkpoint_config(net, config)  # pretrained_cfg: the run's normalisation, for timm.data
 
 
 def load_train_state(path: str | Path) -> dict[str, Any]:
