@@ -30,11 +30,13 @@ MNIST_STATS = ((0.1307,), (0.3081,))
 
 
 def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Random values in every parameter, so zero-initialised or symmetric weights hide nothing."""
+    """Random values in every parameter, so zero-initialised or symmetric weights hide nothing; the position
+    table as large as the patch embeddings, so a wrong table shows in the output."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+        for name, p in model.named_parameters():
+            scale = 1.0 if name == "pos_embed" else 0.02 if name == "patch_embed.proj.weight" else 0.2
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
     return model.eval()
 
 
