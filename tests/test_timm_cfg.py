@@ -268,3 +268,15 @@ def test_timm_validate_style_evaluation_of_a_vitlab_checkpoint(checkpoint, capsy
         assert f"{100 * (pred == test.labels).float().mean().item():.2f}" == acc  # as `vitlab eval` prints it
     with pytest.raises(ConfigError, match="holds a vit_mnist model"):
         timm.create_model("vitlab.vit_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(checkpoint)))
+
+
+def test_import_vitlab_leaves_timm_alone_and_registers_when_timm_comes() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, warnings; warnings.simplefilter('error'); import vitlab; assert 'timm' not in sys.modules; "
+            "import timm; print(timm.create_model('vitlab.vit_mnist', depth=1).cfg.name)")
+    src = str(Path(vitlab.__file__).parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src},
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "vit_mnist", out.stderr

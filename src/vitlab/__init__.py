@@ -1,8 +1,8 @@
 """vitlab: build, train, measure and analyse vision transformers that go deeper."""
 
-import sys
 from typing import Any
 
+from vitlab import timm_hook as _timm_hook
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.models import ModelConfig, build_model, create_model, get_config, list_models
 
@@ -28,9 +28,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
 
 
-# timm users find vitlab's presets (timm.create_model("vitlab.vit_mnist")) as soon as both are imported; with
-# timm not imported yet, registering would cost its import, so that order calls vitlab.register_timm() itself
-if "timm" in sys.modules:
-    from vitlab.interop.timm_registry import register_timm as _register_timm
-
-    _register_timm()
+# timm.create_model("vitlab.vit_mnist") works once both are imported, in either order (timm is not imported here)
+_timm_hook.install()
