@@ -46,7 +46,7 @@ from torch import nn
 import vitlab
 from vitlab import perf
 from vitlab.layers.attention import Attention
-from vitlab.train.models import token_count
+from vitlab.train.run_model import token_count
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_THREADS = torch.get_num_threads()  # torch's default, read before anything changes it
@@ -104,7 +104,7 @@ def timm_peer(row: Row) -> nn.Module:
     if cfg.arch == "cait":
         from timm.models.cait import Cait
 
-        return Cait(**common, init_values=cfg.init_values, depth_token_only=cfg.depth_token_only,
+        return Cait(**common, init_values=cfg.gate_init_value(), depth_token_only=cfg.depth_token_only,
                     mlp_ratio_token_only=cfg.mlp_ratio_token_only)
     from timm.models.vision_transformer import VisionTransformer
 

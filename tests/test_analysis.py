@@ -17,14 +17,20 @@ from vitlab.analysis import (
     TokenLayout,
     analyze_model,
     atomic_path,
+    attention_gradients,
     class_attention_rollout,
     class_token_attention,
     collapse_groups,
     cross_layer_similarity,
+    discard_lowest,
+    explain,
+    fuse_heads,
     gated_blocks,
+    gradient_rollout,
     model_rollout,
     patch_pos_embed,
     pos_embed_similarity,
+    readout_label,
     residual_ratios,
     rollout,
     similar_blocks,
@@ -32,6 +38,7 @@ from vitlab.analysis import (
     write_csv,
     write_report,
 )
+from vitlab.analysis.analyze import default_layer
 from vitlab.analysis.collapse import SimilarityMeter, adjacent_similarity
 from vitlab.cli import main
 from vitlab.errors import ConfigError, DataError
@@ -43,7 +50,7 @@ FAMILIES = {
                                             global_pool="avg", reg_tokens=2, pos_embed="learned")),
     "deepvit": ("deepvit_16b", TINY),
     "vit5": ("vit5_small", TINY),
-    "cait": ("cait_xxs24", TINY),
+    "cait": ("cait_xxs24", dict(TINY, init_values=1e-5)),  # the preset's init pinned at depth 3
 }
 
 
@@ -248,7 +255,10 @@ def test_class_token_attention_reads_the_right_entries():
     assert got.shape == (2, 3, 2, 2)
     torch.testing.assert_close(got.flatten(2), attn[:, :, 0, 2:6])
     no_cls = TokenLayout(num_front=1, num_patches=4, num_end=2, grid_size=2, class_token=False)
-    torch.testing.assert_close(class_token_attention(attn, no_cls).flatten(2), attn[:, :, :, 1:5].mean(dim=2))
+    # the head averages the patch tokens: the mean over the patch queries (rows 1..4), not over all queries
+    torch.testing.assert_close(class_token_attention(attn, no_cls).flatten(2), attn[:, :, 1:5, 1:5].mean(dim=2))
+    pooled = TokenLayout(num_front=2, num_patches=4, num_end=1, grid_size=2, class_token=True, pool="avg")
+    torch.testing.assert_close(class_token_attention(attn, pooled).flatten(2), attn[:, :, 2:6, 2:6].mean(dim=2))
     cait = TokenLayout(num_front=1, num_patches=4, num_end=0, grid_size=2, class_token=True)
     ca = torch.rand(2, 3, 1, 5)
     torch.testing.assert_close(class_token_attention(ca, cait).flatten(2), ca[:, :, 0, 1:])
@@ -287,6 +297,244 @@ def test_rollout_of_cait_composes_both_stages():
     torch.testing.assert_close(r.relevance.flatten(1), full[:, 1:])
 
 
+# ------------------------------------------------------- rollout options: head fusion, discard, gradient
+
+
+def test_fuse_heads_mean_max_min_hand_built():
+    two = torch.tensor([[[0.2, 0.8], [0.6, 0.4]], [[0.6, 0.4], [0.0, 1.0]]])[None]  # (1, 2 heads, 2, 2)
+    torch.testing.assert_close(fuse_heads(two, "mean")[0], torch.tensor([[0.4, 0.6], [0.3, 0.7]]))
+    torch.testing.assert_close(fuse_heads(two, "max")[0], torch.tensor([[0.6, 0.8], [0.6, 1.0]]))
+    torch.testing.assert_close(fuse_heads(two, "min")[0], torch.tensor([[0.2, 0.4], [0.0, 0.4]]))
+
+
+def test_discard_lowest_keeps_the_class_tokens_own_entry():
+    a = torch.tensor([[0.01, 0.5, 0.2], [0.3, 0.05, 0.6], [0.4, 0.1, 0.7]])[None]
+    # 8 entries besides (0, 0); ratio 0.5 drops the 4 lowest of them: 0.05, 0.1, 0.2, 0.3
+    want = torch.tensor([[0.01, 0.5, 0.0], [0.0, 0.0, 0.6], [0.4, 0.0, 0.7]])
+    torch.testing.assert_close(discard_lowest(a, 0.5)[0], want)
+    # without keep_first, int(0.5 * 9) = 4 lowest of all nine: 0.01, 0.05, 0.1, 0.2
+    want = torch.tensor([[0.0, 0.5, 0.0], [0.3, 0.0, 0.6], [0.4, 0.0, 0.7]])
+    torch.testing.assert_close(discard_lowest(a, 0.5, keep_first=False)[0], want)
+    torch.testing.assert_close(discard_lowest(a, 0.0), a)
+
+
+def test_rollout_max_fusion_and_discard_hand_built():
+    l1 = torch.tensor([[[0.9, 0.1], [0.3, 0.7]], [[0.5, 0.5], [0.1, 0.9]]])[None]  # (1, 2, 2, 2)
+    l2 = torch.tensor([[[0.6, 0.4], [0.8, 0.2]], [[0.2, 0.8], [0.4, 0.6]]])[None]
+    # max over heads: l1 [[.9, .5], [.3, .9]], l2 [[.6, .8], [.8, .6]];
+    # discard 1/3 of the 3 entries besides (0, 0) -> the lowest: l1 drops .3, l2 drops .6 at (1, 1)
+    # + I, rownorm: l1 [[1.9, .5], [0, 1.9]] -> [[19/24, 5/24], [0, 1]]
+    #              l2 [[1.6, .8], [.8, 1]] -> [[2/3, 1/3], [4/9, 5/9]]
+    a1 = torch.tensor([[19 / 24, 5 / 24], [0.0, 1.0]])
+    a2 = torch.tensor([[2 / 3, 1 / 3], [4 / 9, 5 / 9]])
+    got = rollout([l1, l2], head_fusion="max", discard_ratio=1 / 3)[0]
+    torch.testing.assert_close(got, a2 @ a1)
+    # min fusion, no discard: l1 [[.5, .1], [.1, .7]] -> [[1.5, .1], [.1, 1.7]] / rows
+    a1 = torch.tensor([[1.5 / 1.6, 0.1 / 1.6], [0.1 / 1.8, 1.7 / 1.8]])
+    torch.testing.assert_close(rollout([l1], head_fusion="min")[0], a1)
+
+
+def test_gradient_rollout_hand_built():
+    attn = torch.tensor([[[0.5, 0.5], [0.2, 0.8]], [[1.0, 0.0], [0.5, 0.5]]])[None]  # (1, 2, 2, 2)
+    grad = torch.tensor([[[2.0, -1.0], [1.0, 0.5]], [[-1.0, 3.0], [0.4, 0.0]]])[None]
+    # grad * attn: head 0 [[1, -.5], [.2, .4]], head 1 [[-1, 0], [.2, 0]]; clipped at 0 then mean over heads:
+    abar = torch.tensor([[0.5, 0.0], [0.2, 0.2]])
+    eye = torch.eye(2)
+    torch.testing.assert_close(gradient_rollout([attn], [grad])[0], eye + abar)  # R = I + Ā R, R = I
+    # two layers: R = (I + Ā2)(I + Ā1); a zero gradient leaves R unchanged
+    torch.testing.assert_close(gradient_rollout([attn, attn], [grad, grad])[0], (eye + abar) @ (eye + abar))
+    torch.testing.assert_close(gradient_rollout([attn, attn], [grad, torch.zeros_like(grad)])[0], eye + abar)
+    # max fusion of the clipped products: [[1, 0], [.2, .4]]
+    torch.testing.assert_close(gradient_rollout([attn], [grad], head_fusion="max")[0],
+                               eye + torch.tensor([[1.0, 0.0], [0.2, 0.4]]))
+
+
+def test_gradient_class_attention_rollout_hand_built():
+    ca = torch.tensor([0.5, 0.25, 0.25]).view(1, 1, 1, 3)  # keys [cls, p0, p1], one head
+    g1 = torch.tensor([2.0, 4.0, -4.0]).view(1, 1, 1, 3)  # products [1, 1, -1] -> clipped [1, 1, 0]
+    g2 = torch.tensor([0.0, 0.0, 4.0]).view(1, 1, 1, 3)  # products [0, 0, 1]
+    # layer 1: r = e0 + Ā = [2, 1, 0]; layer 2: r = (1 + 0) r + [0, 0, 1] = [2, 1, 1]
+    got = class_attention_rollout([ca, ca], grads=[g1, g2])
+    torch.testing.assert_close(got[0], torch.tensor([2.0, 1.0, 1.0]))
+    patches = torch.tensor([[1.0, 0.5], [0.0, 2.0]])[None]  # patch relevance of the self-attention stage
+    torch.testing.assert_close(class_attention_rollout([ca, ca], patches, grads=[g1, g2])[0],
+                               torch.tensor([2.0, 1.0, 2.5]))
+
+
+def test_rollout_options_are_checked():
+    maps = random_maps(2)
+    for kwargs in (dict(head_fusion="median"), dict(discard_ratio=1.0), dict(discard_ratio=-0.1)):
+        with pytest.raises(ConfigError) as exc:
+            rollout(maps, **kwargs)
+        one_line(exc)
+    with pytest.raises(ConfigError) as exc:
+        gradient_rollout(maps, maps[:1])
+    assert "one per map" in one_line(exc)
+    model = tiny("vit")
+    with pytest.raises(ConfigError) as exc:
+        explain(model, torch.randn(1, 1, 28, 28), method="gradient", target_class=10)
+    assert "0..9" in one_line(exc)
+    with pytest.raises(ConfigError) as exc:
+        explain(model, torch.randn(1, 1, 28, 28), target_class=3)
+    assert "gradient" in one_line(exc)
+
+
+def _loop_fused(attn: torch.Tensor, grad: torch.Tensor | None, fusion: str, ratio: float, keep_first: bool) -> dict:
+    """One image's fused map ``{(i, j): value}`` by plain loops: per entry, fuse the heads' (clipped) values,
+    then zero the lowest ``int(ratio * eligible)`` entries."""
+    H, Tq, Tk = attn.shape
+    vals = {}
+    for i in range(Tq):
+        for j in range(Tk):
+            if grad is None:
+                per_head = [float(attn[h, i, j]) for h in range(H)]
+            else:
+                per_head = [max(float(grad[h, i, j]) * float(attn[h, i, j]), 0.0) for h in range(H)]
+            v = {"mean": sum(per_head) / H, "max": max(per_head), "min": min(per_head)}[fusion]
+            vals[(i, j)] = max(v, 0.0)
+    eligible = sorted((v, ij) for ij, v in vals.items() if not (keep_first and ij == (0, 0)))
+    for _, ij in eligible[:int(ratio * len(eligible))]:
+        vals[ij] = 0.0
+    return vals
+
+
+def _loop_rollout(maps, grads, layout: TokenLayout, fusion: str, ratio: float) -> list[list[float]]:
+    """Per image, the patch relevance read as the head reads the model, by plain loops (the reference)."""
+    sa = [k for k, m in enumerate(maps) if m.shape[-2] == m.shape[-1]]
+    ca = [k for k, m in enumerate(maps) if m.shape[-2] == 1]
+    out = []
+    for b in range(maps[0].shape[0]):
+        T = maps[sa[0]].shape[-1]
+        keys = layout.for_map(maps[sa[0]])
+        R = [[float(i == j) for j in range(T)] for i in range(T)]
+        for k in sa:
+            f = _loop_fused(maps[k][b], None if grads is None else grads[k][b], fusion, ratio, keys.class_token)
+            A = [[f[(i, j)] + (i == j) for j in range(T)] for i in range(T)]
+            if grads is None:
+                A = [[v / sum(row) for v in row] for row in A]
+            R = [[sum(A[i][m] * R[m][j] for m in range(T)) for j in range(T)] for i in range(T)]
+        patches = list(range(keys.patches.start, keys.patches.stop))
+        if ca and layout.reads_class_token:
+            r = None
+            for k in ca:
+                f = _loop_fused(maps[k][b], None if grads is None else grads[k][b], fusion, ratio, True)
+                a = [f[(0, j)] + (j == 0) for j in range(T + 1)]
+                if grads is None:
+                    a = [v / sum(a) for v in a]
+                r = a if r is None else [a[0] * r[0]] + [a[0] * r[j] + a[j] for j in range(1, T + 1)]
+            out.append([sum(r[1 + m] * R[m][j] for m in range(T)) for j in range(T)])
+        elif keys.reads_class_token:
+            out.append([R[0][j] for j in patches])
+        else:
+            out.append([sum(R[i][j] for i in patches) / len(patches) for j in patches])
+    return out
+
+
+@pytest.mark.parametrize("family", ["vit", "vit_avg_registers", "deepvit", "vit5", "cait", "cait_avg"])
+def test_every_attention_kind_matches_a_loop_reference(family):
+    """Plain, register/avg-pooled, re-attention, QK-norm + RoPE, talking heads + class attention, and CaiT
+    pooling its patches: every option of both methods equals the plain-loop reference."""
+    if family == "cait_avg":
+        torch.manual_seed(0)
+        model = vitlab.create_model("cait_xxs24", **TINY, global_pool="avg").eval()
+    else:
+        model = tiny(family)
+    layout = TokenLayout.of(model)
+    x = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    ag = attention_gradients(model, x)
+    assert not any(p.grad is not None for p in model.parameters())
+    for method, fusion, ratio in (("attention", "mean", 0.0), ("attention", "max", 0.6), ("attention", "min", 0.3),
+                                  ("gradient", "mean", 0.0), ("gradient", "max", 0.5)):
+        grads = ag.grads if method == "gradient" else None
+        got = model_rollout(ag.maps, layout, grads=grads, head_fusion=fusion, discard_ratio=ratio)
+        want = torch.tensor(_loop_rollout(ag.maps, grads, layout, fusion, ratio))
+        torch.testing.assert_close(got.relevance.flatten(1), want, rtol=1e-4, atol=1e-6)
+        r = explain(model, x, method=method, head_fusion=fusion, discard_ratio=ratio)
+        torch.testing.assert_close(r.relevance, got.relevance)
+        assert ((r.patch_mass > 0) & (r.patch_mass <= 1 + 1e-5)).all()
+
+
+def test_gradient_rollout_is_class_specific_and_zero_for_a_blind_class():
+    model = tiny("vit")
+    x = torch.randn(3, 1, 28, 28, generator=torch.Generator().manual_seed(2))
+    a = explain(model, x, method="gradient", target_class=1)
+    b = explain(model, x, method="gradient", target_class=2)
+    assert a.target.tolist() == [1, 1, 1] and not torch.allclose(a.relevance, b.relevance)
+    pred = explain(model, x, method="gradient")
+    torch.testing.assert_close(pred.target, model(x).argmax(dim=-1))
+    with torch.no_grad():
+        model.head.weight[4] = 0  # class 4's logit no longer depends on the tokens: every gradient is 0
+    blind = explain(model, x, method="gradient", target_class=4)
+    assert blind.relevance.abs().max() == 0 and (blind.patch_mass == 0).all()  # R = I: the class token only
+    avg = tiny("vit_avg_registers")
+    with torch.no_grad():
+        avg.head.weight[4] = 0
+    blind = explain(avg, x, method="gradient", target_class=4)  # R = I read by average pooling: uniform
+    torch.testing.assert_close(blind.relevance, torch.full((3, 4, 4), 1 / 16))
+
+
+# -------------------------------------------------------------------------- what the head reads (pooling)
+
+
+def test_layout_follows_the_head():
+    assert TokenLayout.of(tiny("vit")).reads_class_token
+    pooled = vitlab.create_model("vit_mnist", depth=1, global_pool="avg")  # class token kept, not read
+    layout = TokenLayout.of(pooled)
+    assert layout.class_token and not layout.reads_class_token and layout.pool == "avg"
+    assert not TokenLayout.of(tiny("vit_avg_registers")).reads_class_token
+    with pytest.raises(ConfigError) as exc:
+        TokenLayout(1, 4, 0, 2, True, pool="max")
+    one_line(exc)
+
+
+def test_cait_with_average_pooling_reads_its_self_attention_stage():
+    torch.manual_seed(0)
+    model = vitlab.create_model("cait_xxs24", **TINY, global_pool="avg").eval()
+    with torch.no_grad():
+        maps = model.attention_maps(torch.randn(2, 1, 28, 28))
+    r = model_rollout(maps, TokenLayout.of(model))
+    torch.testing.assert_close(r.relevance.flatten(1), rollout(maps[:3]).mean(dim=1))  # CA stage ignored
+    torch.testing.assert_close(r.patch_mass, torch.ones(2))
+    assert default_layer(maps, TokenLayout.of(model)) == 2  # the last self-attention map, not a CA map
+    assert "not read by the head" in readout_label(maps[-1], TokenLayout.of(model))
+
+
+def test_analyze_default_digit_model_shows_what_its_head_reads(tmp_path):
+    """vitlab's default on digit data averages the patch tokens: maps, rollout and titles follow it."""
+    from vitlab.train.config import MODEL_DEFAULTS
+
+    torch.manual_seed(0)
+    model = vitlab.create_model("vit_mnist", depth=2, embed_dim=32, num_heads=4, **MODEL_DEFAULTS["digits"]).eval()
+    x = torch.randn(3, 1, 28, 28)
+    res = analyze_model(model, x, tmp_path, num_show=2)
+    with torch.no_grad():
+        maps = model.attention_maps(x)
+    torch.testing.assert_close(res.cls_attention, maps[-1][:2, :, 1:, 1:].mean(dim=2).view(2, 4, 4, 4))
+    torch.testing.assert_close(res.rollout, rollout(maps)[:2, 1:, 1:].mean(dim=1).view(2, 4, 4))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["head_reads"] == "mean of patch tokens"
+    assert "mean over patch queries" in summary["attention_readout"]
+    assert "the head averages the patch tokens" in (tmp_path / "index.html").read_text()
+
+
+def test_analyze_model_gradient_rollout_options(tmp_path):
+    model = tiny("deepvit")
+    x = torch.randn(3, 1, 28, 28)
+    res = analyze_model(model, x, tmp_path, num_show=3, batch_size=2, method="gradient", head_fusion="max",
+                        discard_ratio=0.5, target_class=3)
+    want = explain(model, x, method="gradient", head_fusion="max", discard_ratio=0.5, target_class=3)
+    torch.testing.assert_close(res.rollout, want.relevance)
+    assert res.target.tolist() == [3, 3, 3]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rollout"]["method"] == "gradient" and summary["rollout"]["discard_ratio"] == 0.5
+    assert "gradient-weighted rollout for the class 3 (heads max, lowest 0.5 discarded)" in summary["rollout"]["label"]
+    assert {r["image"] for r in read_rows(tmp_path / "attention_maps.csv")} == {"#0 -> 3", "#1 -> 3", "#2 -> 3"}
+    with pytest.raises(ConfigError) as exc:
+        analyze_model(model, x, tmp_path / "bad", target_class=3)
+    assert "--rollout gradient" in one_line(exc)
+    assert not (tmp_path / "bad").exists()
+
+
 # ------------------------------------------------------------------------------------- position embedding
 
 
@@ -304,7 +552,7 @@ def test_pos_embed_similarity_diagonal_is_one(kind):
 
 
 def test_patch_pos_embed_drops_prefix_slots():
-    vit = vitlab.create_model("vit_mnist", depth=1)  # class slot first (seed 003 numbers it 0)
+    vit = vitlab.create_model("vit_mnist", depth=1)  # class slot first (the 1-D sinusoid numbers it 0)
     torch.testing.assert_close(patch_pos_embed(vit), vit.pos_embed[0, 1:])
     for family in ("vit5", "cait"):  # position embedding on the patches only
         model = tiny(family)
@@ -440,7 +688,7 @@ def test_analyze_model_bad_input_writes_nothing(tmp_path):
 
 
 def write_checkpoint(folder: Path, model: torch.nn.Module, run: dict | None = None) -> Path:
-    from vitlab.train.checkpoint import save_checkpoint
+    from vitlab.checkpoint import save_checkpoint
 
     return save_checkpoint(folder, model, run_config=run)
 
@@ -493,7 +741,7 @@ def test_cli_checkpoint_of_another_architecture_exits_2(tmp_path, capsys):
 
 
 def test_cli_timm_checkpoint_exits_2_naming_the_fix(tmp_path, capsys):
-    from vitlab.train.models import create_timm
+    from vitlab.checkpoint import create_timm
 
     timm_model = create_timm("vit_tiny_patch16_224", dict(img_size=28, patch_size=7, in_chans=1, num_classes=10,
                                                          embed_dim=32, depth=1, num_heads=2))
@@ -502,3 +750,26 @@ def test_cli_timm_checkpoint_exits_2_naming_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "vitlab.interop" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_rollout_options_pass_through(tmp_path, capsys):
+    ckpt = write_checkpoint(tmp_path / "ckpt", tiny("vit"), run={"dataset": "mnist-5k"})
+    out = tmp_path / "analysis"
+    rc = main(["analyze", "--checkpoint", str(ckpt), "--output", str(out), "--num-images", "4", "--show", "2",
+               "--device", "cpu", "--rollout", "gradient", "--head-fusion", "max", "--discard-ratio", "0.9",
+               "--target-class", "7"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rollout"] | {"label": None, "targets": None} == {
+        "method": "gradient", "head_fusion": "max", "discard_ratio": 0.9, "target_class": 7, "label": None,
+        "targets": None}
+    assert summary["rollout"]["targets"] == [7, 7, 7, 7]
+    html = (out / "index.html").read_text()
+    assert "--rollout gradient --head-fusion max --discard-ratio 0.9 --target-class 7" in html
+    assert "gradient-weighted rollout for the class 7" in capsys.readouterr().out
+    for bad in (["--discard-ratio", "1.5"], ["--target-class", "3"], ["--rollout", "gradient", "--target-class", "10"]):
+        rc = main(["analyze", "--checkpoint", str(ckpt), "--output", str(tmp_path / "bad"), "--num-images", "2",
+                   "--device", "cpu", *bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("vitlab analyze: error: ") and err.count("\n") == 1
+        assert not (tmp_path / "bad").exists()

@@ -10,17 +10,18 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.errors import CheckpointError
-from vitlab.train.checkpoint import (
+from vitlab.atomic import atomic_write_text
+from vitlab.checkpoint import (
     FORMAT,
-    atomic_write_text,
+    create_timm,
     load_model,
     load_train_state,
     read_config,
     save_checkpoint,
+    spec_of,
     state_mismatch,
 )
-from vitlab.train.models import create_timm, spec_of
+from vitlab.errors import CheckpointError
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:

@@ -454,3 +454,65 @@ def test_augment_bad_arguments():
         BatchAugment(scale=(1.2, 0.8))
     with pytest.raises(DataError, match="erase_prob"):
         BatchAugment(erase_prob=1.5)
+
+
+# --- training-batch augmentation: mixup / cutmix and TrivialAugment change the batch ---------------
+
+
+def _pipeline(**aug):
+    from vitlab.train.batches import BatchPipeline
+    from vitlab.train.config import RunConfig
+
+    off = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=False, pad_crop=0,
+               trivial_augment=False, mixup=0.0, cutmix=0.0, label_smoothing=0.0)
+    return BatchPipeline(RunConfig(**{**off, **aug}), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), num_classes=8, in_chans=3)
+
+
+def _batch():
+    images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+    return images, torch.arange(8)  # every image its own class, so a mixed target shows both partners
+
+
+def test_pipeline_without_augmentation_only_normalizes():
+    images, labels = _batch()
+    x, y = _pipeline().train_batch(images, labels, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(x, normalize(images, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
+    assert torch.equal(y, labels)
+
+
+def test_mixup_blends_each_image_with_its_partner_as_the_targets_say():
+    np.random.seed(0)
+    images, labels = _batch()
+    clean = normalize(images, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    x, y = _pipeline(mixup=0.8).train_batch(images, labels, torch.Generator().manual_seed(0))
+    assert y.shape == (8, 8)
+    torch.testing.assert_close(y.sum(dim=1), torch.ones(8))
+    lam = y[0, 0].item()
+    assert 0 < lam < 1 and not torch.allclose(x, clean)
+    torch.testing.assert_close(y[0, 7].item(), 1 - lam)  # timm mixes image i with image B-1-i
+    torch.testing.assert_close(x, lam * clean + (1 - lam) * clean.flip(0), atol=1e-5, rtol=1e-5)
+
+
+def test_cutmix_pastes_a_box_of_the_partner_whose_area_is_the_target_weight():
+    np.random.seed(0)
+    images, labels = _batch()
+    clean = normalize(images, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    x, y = _pipeline(cutmix=1.0).train_batch(images, labels, torch.Generator().manual_seed(0))
+    pasted = (x != clean).any(dim=1)  # (B, H, W): pixels that changed
+    assert pasted.any()
+    from_partner = torch.isclose(x, clean.flip(0)).all(dim=1)
+    assert bool((from_partner | ~pasted).all())  # every changed pixel is the partner's pixel
+    box = pasted[0]
+    rows, cols = box.any(dim=1).nonzero(), box.any(dim=0).nonzero()
+    assert box[rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()  # one rectangle
+    area = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1) / 256
+    torch.testing.assert_close(y[0, 7].item(), float(area), atol=1e-6, rtol=0)
+
+
+def test_trivial_augment_changes_rgb_images():
+    images, labels = _batch()
+    clean = normalize(images, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    x, y = _pipeline(trivial_augment=True).train_batch(images, labels, torch.Generator().manual_seed(0))
+    changed = [not torch.allclose(x[i], clean[i]) for i in range(8)]
+    assert sum(changed) >= 4  # some draws (the identity op, magnitude 0) leave an image as it is
+    assert x.shape == clean.shape and x.dtype == clean.dtype and torch.equal(y, labels)

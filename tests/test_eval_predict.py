@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
+from vitlab.checkpoint import load_model, read_config
 from vitlab.cli import main
 from vitlab.data import load_dataset, load_image, normalize
-from vitlab.train.checkpoint import load_model, read_config
 
 
 @pytest.fixture(scope="module")

@@ -408,9 +408,9 @@ def test_depth_study_curves_average_over_seeds():
 
 def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):
     from vitlab.analysis import collapse_groups, residual_ratios
+    from vitlab.checkpoint import save_checkpoint
     from vitlab.data import normalize
     from vitlab.experiments.depth_study import diagnose
-    from vitlab.train.checkpoint import save_checkpoint
 
     model = create_model("vit_mnist", depth=3, gate="layerscale", init_values=0.1).eval()
     save_checkpoint(tmp_path, model)
@@ -490,8 +490,8 @@ def test_compare_parsing(tmp_path: Path):
 def test_load_init_adapts_timm_weights_to_the_run(tmp_path: Path):
     import timm
 
+    from vitlab.checkpoint import create_timm
     from vitlab.experiments.common import load_init
-    from vitlab.train.models import create_timm
 
     source = timm.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32,
                                patch_size=8, in_chans=3, num_classes=5)

@@ -21,8 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vitlab.checkpoint import load_model, load_train_state, read_config
 from vitlab.cli import main
-from vitlab.train.checkpoint import load_model, load_train_state, read_config
 from vitlab.train.logging import read_metrics
 
 # 64 images, batch 16: 4 steps per epoch, 3 epochs = 12 steps; checkpoints after steps 3, 4, 6, 8, 9, 12
@@ -36,7 +36,8 @@ DRIVER = r'''
 import os, signal, sys, tempfile, time
 from pathlib import Path
 
-from vitlab.train import checkpoint, engine
+from vitlab import atomic
+from vitlab.train import engine
 
 kind, *where = sys.argv[1].split("@")
 marker = Path(os.environ["FAULT_MARKER"])
@@ -54,7 +55,7 @@ if kind in ("pause", "kill"):
 
     def hooked(self, *args):
         loss = step(self, *args)
-        if self.progress["global_step"] == at and self.ctx.rank == rank:
+        if self.progress.global_step == at and self.ctx.rank == rank:
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             announce(f"{os.getpid()} step {at}")
@@ -67,7 +68,7 @@ if kind in ("pause", "kill"):
 else:  # write@NAME@N: the N-th write of NAME stops half-way through its temporary file
     name, nth = where[0], int(where[1])
     calls = {"n": 0}
-    atomic_write = checkpoint.atomic_write
+    atomic_write = atomic.atomic_write
 
     def hooked_write(path, write):
         path = Path(path)
@@ -82,7 +83,7 @@ else:  # write@NAME@N: the N-th write of NAME stops half-way through its tempora
                 time.sleep(300)
         return atomic_write(path, write)
 
-    checkpoint.atomic_write = hooked_write
+    atomic.atomic_write = hooked_write
 
 from vitlab.cli import main
 

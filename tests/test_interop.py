@@ -370,6 +370,20 @@ def test_fixed_sincos_table_is_recomputed_at_the_new_size(tmp_path: Path) -> Non
     assert torch.equal(big.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
 
 
+def test_learned_table_is_not_dropped_for_a_fixed_one(tmp_path: Path) -> None:
+    """A learned position table cannot be replaced by the sin-cos table of another grid without a word."""
+    learned = perturb(vitlab.create_model("vit_mnist", pos_embed="learned"))
+    save_weights(learned.state_dict(), tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError) as exc:
+        vitlab.load_pretrained("vit_mnist", tmp_path / "w.safetensors", img_size=56)
+    msg = one_line(exc)
+    assert "pos_embed='learned'" in msg and "img_size=28" in msg
+    resampled = vitlab.load_pretrained("vit_mnist", tmp_path / "w.safetensors", img_size=56, pos_embed="learned")
+    assert resampled.pos_embed.shape == (1, 1 + 64, 64)
+    same_grid = vitlab.load_pretrained("vit_mnist", tmp_path / "w.safetensors")  # nothing dropped: it is loaded
+    assert torch.equal(same_grid.pos_embed, learned.pos_embed.detach())
+
+
 def test_patch_size_change_resamples_the_kernel(tmp_path: Path) -> None:
     """Patch 8 -> 16 at twice the image size (same 4x4 grid): patch-constant images give the same logits."""
     tm = perturb(TimmViT(**SMALL, init_values=1e-5))
@@ -439,7 +453,8 @@ def test_distillation_token_is_refused_or_dropped(tmp_path: Path) -> None:
     model = vitlab.load_pretrained(cfg, tmp_path / "deit.safetensors", drop_dist_token=True)
     pos = tm.pos_embed.detach()
     assert torch.equal(model.pos_embed.detach(), torch.cat([pos[:, :1], pos[:, 2:]], dim=1))
-    big = vitlab.load_pretrained(None, tmp_path / "deit.safetensors", drop_dist_token=True, num_heads=4, img_size=48)
+    big = vitlab.load_pretrained(None, tmp_path / "deit.safetensors", drop_dist_token=True, num_heads=4,
+                                 global_pool="token", img_size=48)
     expected = resample_abs_pos_embed(pos, [6, 6], num_prefix_tokens=2)
     torch.testing.assert_close(big.pos_embed.detach(), torch.cat([expected[:, :1], expected[:, 2:]], dim=1))
 
@@ -454,16 +469,53 @@ def test_deit3_original_gamma_names_load(tmp_path: Path) -> None:
 
 
 def test_config_inferred_from_shapes(tmp_path: Path) -> None:
-    for tm in (perturb(TimmViT(**SMALL, qk_norm=True, reg_tokens=4, no_embed_class=True, init_values=1e-5,
-                               mlp_ratio=2.0)), perturb(TimmCait(**SMALL, init_values=1e-5))):
+    for tm, pool in ((perturb(TimmViT(**SMALL, qk_norm=True, reg_tokens=4, no_embed_class=True, init_values=1e-5,
+                                      mlp_ratio=2.0)), {"global_pool": "token"}),
+                     (perturb(TimmViT(**SMALL, qk_norm=True, class_token=False, global_pool="avg")), {}),
+                     (perturb(TimmCait(**SMALL, init_values=1e-5)), {})):
         save_file(tm.state_dict(), str(tmp_path / "w.safetensors"))
-        model = vitlab.load_pretrained(None, tmp_path / "w.safetensors")
+        model = vitlab.load_pretrained(None, tmp_path / "w.safetensors", **pool)
         assert model.cfg.num_heads == 4 and model.cfg.embed_dim == 32 and model.cfg.img_size == 32
         assert_same_logits(model, tm, images(tm))
     with pytest.raises(CheckpointError) as exc:
         config_from_state_dict(TimmViT(**SMALL).state_dict())
-    assert "--model" in one_line(exc)
-    assert config_from_state_dict(TimmViT(**SMALL).state_dict(), num_heads=4).num_heads == 4
+    msg = one_line(exc)
+    assert "--model" in msg and "num_heads=N" in msg and "global_pool=" in msg
+    assert config_from_state_dict(TimmViT(**SMALL).state_dict(), num_heads=4, global_pool="token").num_heads == 4
+
+
+@pytest.mark.parametrize("timm_kwargs,pool", [(dict(fc_norm=True), "token"), (dict(global_pool="avg"), "avg"),
+                                              (dict(global_pool="avg", fc_norm=False), "avg"), ({}, "token")],
+                         ids=["token+fc_norm", "avg", "avg-no-fc_norm", "token"])
+def test_state_dict_pooling_is_asked_not_guessed(tmp_path: Path, timm_kwargs: dict, pool: str) -> None:
+    """With a class token the keys are the same for token and avg pooling: fc_norm goes with either."""
+    tm = perturb(TimmViT(**SMALL, qk_norm=True, **timm_kwargs))  # QK-norm: the heads show in the shapes
+    save_file(tm.state_dict(), str(tmp_path / "w.safetensors"))
+    with pytest.raises(CheckpointError) as exc:
+        vitlab.load_pretrained(None, tmp_path / "w.safetensors")
+    assert "global_pool='token' or 'avg'" in one_line(exc)
+    model = vitlab.load_pretrained(None, tmp_path / "w.safetensors", global_pool=pool)
+    assert model.cfg.global_pool == pool
+    assert isinstance(model.fc_norm, nn.Identity) == isinstance(tm.fc_norm, nn.Identity)
+    assert_same_logits(model, tm, images(tm))
+
+
+def test_cait_init_values_recorded_from_the_source(tmp_path: Path) -> None:
+    """timm's cait_xxs36 passes init_values=1e-5 (not the depth rule's 1e-6); the config says so."""
+    small = dict(embed_dim=32, num_heads=4, img_size=32, patch_size=8, num_classes=5)
+    tm = timm.create_model("cait_xxs36_224", **small)  # depth 36, as timm builds it
+    assert vitlab.from_timm(tm).cfg.init_values == 1e-5  # read from the untouched gammas
+    perturb(tm)
+    assert vitlab.from_timm(tm).cfg.init_values == 1e-5  # trained: from timm's preset of that name
+    custom = TimmCait(**SMALL, init_values=3e-3)
+    assert vitlab.from_timm(custom).cfg.init_values == 3e-3
+    perturb(custom)  # trained and nameless: the init does not show, so the depth rule (None)
+    assert vitlab.from_timm(custom).cfg.init_values is None
+    assert vitlab.from_timm(custom, init_values=2e-2).cfg.init_values == 2e-2
+    save_file(custom.state_dict(), str(tmp_path / "w.safetensors"))
+    loaded = vitlab.load_pretrained(None, tmp_path / "w.safetensors")
+    assert loaded.cfg.init_values is None and loaded.cfg.gate_init_value() == 0.1  # depth 2
+    assert_same_logits(loaded, custom, images(custom))
 
 
 def test_hub_name_offline_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,13 +37,27 @@ from vitlab.layers import (
 from vitlab.layers.rope import rope_table
 
 
+@pytest.fixture
+def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every call of ``F.scaled_dot_product_attention`` (the fused kernel) is appended to the list."""
+    calls: list = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
 def one_line(exc: pytest.ExceptionInfo) -> str:
     msg = str(exc.value)
     assert msg and "\n" not in msg
     return msg
 
 
-# --- LayerScale: the seed-002 contract -------------------------------------------------------------
+# --- LayerScale: the LayerScale contract -------------------------------------------------------------
 
 
 def test_layerscale_gamma_shape_init_and_tag() -> None:
@@ -70,6 +84,35 @@ def test_layerscale_broadcasts_over_leading_dims(shape: tuple[int, ...]) -> None
     assert out.shape == x.shape and out.dtype == x.dtype
     for c in range(6):
         assert torch.equal(out[..., c], x[..., c] * ls.gamma[c])
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # RMSNorm's unfused path
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_gates_keep_the_input_dtype(dtype: torch.dtype) -> None:
+    """The LayerScale contract: same shape and dtype as ``x`` (the fp32 gamma must not promote bf16/fp16)."""
+    x = torch.randn(2, 7, 6).to(dtype)
+    ls = LayerScale(6, init_value=0.5)
+    out = ls(x)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, (x.float() * 0.5).to(dtype))
+    assert ScalarGate(0.5)(x).dtype == dtype
+    for block in (Block(16, 2, gate="layerscale", init_values=0.1, timm_names=True),  # CaiT's gamma_1/gamma_2
+                  Block(16, 2, gate="layerscale", init_values=0.1), Block(16, 2, gate="scalar")):
+        y = torch.randn(2, 5, 16).to(dtype)
+        assert block._residual(1, y, y).dtype == dtype
+    for norm in (LayerNorm(6), RMSNorm(6)):
+        assert norm(x).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("grad", [True, False], ids=["autograd", "no_grad"])
+def test_rope_keeps_the_input_dtype(dtype: torch.dtype, grad: bool) -> None:
+    rope = _rope(1, 2, 0, 8)  # an fp32 table
+    x = torch.randn(2, 2, 5, 8).to(dtype).requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        out = apply_rope(x, rope)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), apply_rope(x.detach().float(), rope), atol=2e-2, rtol=2e-2)
 
 
 def test_layerscale_gradient_is_sum_over_leading_dims() -> None:
@@ -231,13 +274,16 @@ def _rope(num_prefix: int, grid: int, num_end: int, head_dim: int) -> torch.Tens
 
 @pytest.mark.parametrize("qk_norm,use_rope", [(False, False), (True, False), (False, True), (True, True)],
                          ids=["plain", "qk_norm", "rope", "qk_norm+rope"])
-def test_attention_explicit_path_equals_fused(qk_norm: bool, use_rope: bool) -> None:
+def test_attention_explicit_path_equals_fused(qk_norm: bool, use_rope: bool, sdpa_calls: list) -> None:
     attn = Attention(32, 4, qk_norm=qk_norm).eval()
     rope = _rope(1, 3, 4, 8) if use_rope else None
     x = torch.randn(2, 14, 32)
+    attn.fused = True  # 14 tokens with autograd on would pick the explicit path: force SDPA
     fused = attn(x, rope=rope)
+    assert len(sdpa_calls) == 1  # the fused kernel really ran
     with record_attention([attn]) as maps:
         explicit = attn(x, rope=rope)
+    assert len(sdpa_calls) == 1  # and the recorder took the explicit path
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
     assert len(maps) == 1 and maps[0].shape == (2, 4, 14, 14)
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 14))
@@ -288,16 +334,47 @@ def test_reattention_with_identity_mixing_and_no_norm_equals_plain_attention(nor
 def test_reattention_map_mixes_heads_with_theta() -> None:
     reattn = ReAttention(32, 4, norm="layer")
     reattn.reattn_norm = nn.Identity()
-    plain = Attention(32, 4)
-    _copy_qkv_proj(reattn, plain)
+    with torch.no_grad():
+        reattn.reattn_weights.copy_(torch.randn(4, 4))  # far from the identity init
     x = torch.randn(2, 7, 32)
-    with record_attention([plain, reattn]) as maps:
-        plain(x)
+    with record_attention([reattn]) as maps:
         reattn(x)
-    softmaxed, mixed = maps
     theta = reattn.reattn_weights.detach()
-    expected = torch.einsum("bhij,hg->bgij", softmaxed, theta)  # Theta^T applied over the heads
-    torch.testing.assert_close(mixed, expected, atol=1e-6, rtol=1e-5)
+    w, b = reattn.qkv.weight.detach(), reattn.qkv.bias.detach()
+    expected, transposed = torch.zeros(2, 4, 7, 7), torch.zeros(2, 4, 7, 7)
+    for n in range(2):  # new map g = sum over heads h of Theta[h, g] * softmax map h, head by head
+        for h in range(4):
+            cols = slice(8 * h, 8 * h + 8)  # head h's channels of q (rows 0:32), k (rows 32:64)
+            q = x[n] @ w[cols].T + b[cols]  # (7, 8)
+            k = x[n] @ w[32:64][cols].T + b[32:64][cols]
+            logits = torch.tensor([[float(q[i] @ k[j]) / math.sqrt(8) for j in range(7)] for i in range(7)])
+            soft = logits.exp() / logits.exp().sum(dim=1, keepdim=True)
+            for g in range(4):
+                expected[n, g] += theta[h, g] * soft
+                transposed[n, g] += theta[g, h] * soft
+    torch.testing.assert_close(maps[0].detach(), expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(maps[0].detach(), transposed, atol=1e-3)  # Theta^T, not Theta
+
+
+def test_reattention_dropout_acts_on_the_softmax_maps_before_the_mix() -> None:
+    """vit-pytorch's deepvit.py order: softmax, dropout, head mix, norm over heads, @ v."""
+    torch.manual_seed(0)
+    reattn = ReAttention(32, 4, norm="layer", attn_drop=0.5).train()
+    with torch.no_grad():
+        reattn.reattn_weights.copy_(torch.randn(4, 4))
+    x = torch.randn(2, 6, 32)
+    torch.manual_seed(1)
+    out = reattn(x)
+    torch.manual_seed(1)
+    qkv = reattn.qkv(x).reshape(2, 6, 3, 4, 8).permute(2, 0, 3, 1, 4)  # (3, B, H, T, d)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    attn = (torch.einsum("bhid,bhjd->bhij", q, k) * 8**-0.5).softmax(dim=-1)
+    attn = F.dropout(attn, 0.5, training=True)
+    attn = torch.einsum("bhij,hg->bgij", attn, reattn.reattn_weights)
+    norm = reattn.reattn_norm
+    attn = F.layer_norm(attn.permute(0, 2, 3, 1), (4,), norm.weight, norm.bias, norm.eps).permute(0, 3, 1, 2)
+    ref = reattn.proj(torch.einsum("bhij,bhjd->bhid", attn, v).transpose(1, 2).reshape(2, 6, 32))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("norm", ["batch", "layer"])
@@ -322,12 +399,14 @@ def test_reattention_init_is_near_identity() -> None:
     assert 0 < delta.abs().max() < 0.2
 
 
-def test_class_attention_explicit_equals_fused_and_hand_formula() -> None:
+def test_class_attention_explicit_equals_fused_and_hand_formula(sdpa_calls: list) -> None:
     ca = ClassAttention(32, 4).eval()
     x = torch.randn(2, 11, 32)
     fused = ca(x)
+    assert len(sdpa_calls) == 1
     with record_attention([ca]) as maps:
         explicit = ca(x)
+    assert len(sdpa_calls) == 1
     assert fused.shape == (2, 1, 32)
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
     assert maps[0].shape == (2, 4, 1, 11)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from timm.layers import RmsNorm
 from timm.models.cait import Cait as TimmCait
 from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -94,13 +95,41 @@ def test_features_head_and_intermediate_layers(name: str) -> None:
     torch.testing.assert_close(model(x), pre)
 
 
+@pytest.fixture
+def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every call of ``F.scaled_dot_product_attention`` (the fused kernel) is appended to the list."""
+    calls: list = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def force_fused(model: nn.Module) -> int:
+    """Make every attention layer that can fuse take SDPA; the number of layers that will call it."""
+    fusable = 0
+    for m in model.modules():
+        if isinstance(m, Attention) and not m.talking_heads:
+            m.fused, fusable = True, fusable + 1
+        elif isinstance(m, ClassAttention):
+            fusable += 1
+    return fusable
+
+
 @pytest.mark.parametrize("name", PRESETS)
-def test_explicit_attention_path_keeps_the_logits(name: str) -> None:
+def test_explicit_attention_path_keeps_the_logits(name: str, sdpa_calls: list) -> None:
     model = narrow(name).eval()
     x = torch.randn(2, model.cfg.in_chans, 32, 32)
+    fusable = force_fused(model)  # with autograd on and <= 32 tokens the automatic choice is explicit
     fused = model(x)
+    assert len(sdpa_calls) == fusable  # each fusable layer ran the fused kernel
     with record_attention(model.modules()) as maps:
         explicit = model(x)
+    assert len(sdpa_calls) == fusable  # and none did while recording
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
     assert len(maps) == len(model.attention_layers()) == model.cfg.depth + (
         model.cfg.depth_token_only if isinstance(model, Cait) else 0)
@@ -109,11 +138,14 @@ def test_explicit_attention_path_keeps_the_logits(name: str) -> None:
 
 @pytest.mark.parametrize("overrides", [dict(qk_norm=True), dict(rope=True), dict(qk_norm=True, rope=True)],
                          ids=["qk_norm", "rope", "qk_norm+rope"])
-def test_explicit_attention_path_keeps_the_logits_qk_norm_rope(overrides: dict) -> None:
+def test_explicit_attention_path_keeps_the_logits_qk_norm_rope(overrides: dict, sdpa_calls: list) -> None:
     model = vitlab.create_model("vit_mnist", depth=2, **overrides).eval()
     x = torch.randn(2, 1, 28, 28)
+    assert force_fused(model) == 2
     fused = model(x)
+    assert len(sdpa_calls) == 2
     maps = model.attention_maps(x)
+    assert len(sdpa_calls) == 2
     with record_attention(model.modules()):
         explicit = model(x)
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
@@ -177,7 +209,7 @@ def test_deepvit_reattention_in_last_blocks_only() -> None:
 
 
 def test_residual_ratios_per_gated_block() -> None:
-    model = narrow("cait_xxs24")  # LayerScale 1e-5
+    model = narrow("cait_xxs24", init_values=1e-5)  # at depth 2 the rule would give 0.1
     ratios = model.residual_ratios(torch.randn(2, 3, 32, 32))
     assert len(ratios) == 2 + 2  # SA blocks then CA blocks
     for r in ratios:
@@ -214,8 +246,46 @@ def test_cait_presets_layerscale_init_and_uniform_drop_path() -> None:
     for name, value in expected.items():
         assert vitlab.get_config(name).init_values == value
     model = vitlab.create_model("cait_xxs24", **SMALL, drop_path_rate=0.1)
-    assert model.blocks[0].gamma_1[0].item() == pytest.approx(1e-5)
+    assert model.blocks[0].gamma_1[0].item() == pytest.approx(0.1)  # depth 2: the depth rule, not the preset's 1e-5
     assert [b.drop_path1.drop_prob for b in model.blocks] == pytest.approx([0.1, 0.1])
+
+
+def _gammas(model: nn.Module) -> set[float]:
+    """The distinct values of CaiT's gammas, as float32 numbers."""
+    return {g.item() for n, p in model.named_parameters() if n.endswith(("gamma_1", "gamma_2"))
+            for g in p.detach().unique()}
+
+
+def _f32(*values: float) -> set[float]:
+    return {torch.tensor(v, dtype=torch.float32).item() for v in values}
+
+
+def test_cait_depth_override_rederives_the_layerscale_init() -> None:
+    """A preset's init belongs to its depth; at another depth the CaiT depth rule applies, an explicit value stays."""
+    tiny = dict(img_size=32, patch_size=8, embed_dim=32, num_heads=4)
+    assert vitlab.get_config("cait_xxs36").init_values == 1e-5  # timm's value for this preset, kept at depth 36
+    assert vitlab.get_config("cait_xxs36", depth=36).init_values == 1e-5
+    for depth, rule in ((12, 0.1), (24, 1e-5), (40, 1e-6)):
+        cfg = vitlab.get_config("cait_xxs36", depth=depth, **tiny)
+        assert cfg.gate_init_value() == rule
+        assert _gammas(vitlab.build_model(cfg)) == _f32(rule)
+    assert _gammas(vitlab.create_model("cait_xxs24", depth=30, **tiny)) == _f32(1e-6)
+    assert _gammas(vitlab.create_model("cait_xxs24", depth=30, init_values=1e-3, **tiny)) == _f32(1e-3)
+    hand = ModelConfig(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False, depth=20, **tiny)
+    assert hand.init_values is None and _gammas(vitlab.build_model(hand)) == _f32(1e-5)
+    assert hand.replace(depth=3).gate_init_value() == 0.1  # None follows the depth
+    vit = vitlab.create_model("vit_mnist", depth=30, gate="layerscale")
+    assert vit.cfg.gate_init_value() is None and vit.blocks[0].ls1.gamma[0].item() == pytest.approx(1e-4)
+
+
+def test_residual_ratio_rows_warn_when_blocks_and_ratios_differ() -> None:
+    from vitlab.analysis import summarize_ratios
+
+    model = narrow("vit_tiny")  # 2 gated blocks
+    parts = [{"attn": torch.rand(3, 4), "mlp": torch.rand(3, 4)}]  # 3 recorded (a block run twice)
+    with pytest.warns(UserWarning, match="3 residual ratios per image but has 2 gated blocks"):
+        rows = summarize_ratios(model, parts)
+    assert [r.name for r in rows] == ["block 0", "block 1", "block 2"]
 
 
 def test_drop_path_linear_schedule_in_model() -> None:
@@ -257,7 +327,7 @@ def _timm_kwargs(cfg: ModelConfig) -> dict:
 
 def _timm_model(cfg: ModelConfig) -> nn.Module:
     if cfg.arch == "cait":
-        return TimmCait(**_timm_kwargs(cfg), qkv_bias=cfg.qkv_bias, init_values=cfg.init_values,
+        return TimmCait(**_timm_kwargs(cfg), qkv_bias=cfg.qkv_bias, init_values=cfg.gate_init_value(),
                         depth_token_only=cfg.depth_token_only)
     if cfg.reg_tokens:  # ViT-5-like: what timm's VisionTransformer can express of it
         return TimmViT(**_timm_kwargs(cfg), reg_tokens=cfg.reg_tokens, no_embed_class=True, qk_norm=True,

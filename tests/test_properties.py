@@ -277,8 +277,8 @@ def _good_state_bytes(legacy: bool) -> bytes:
        flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6))
 def test_damaged_state_file_loads_or_raises_checkpoint_error(tmp_path_factory: pytest.TempPathFactory, legacy: bool,
                                                             cut: int, flips: list[tuple[int, int]]) -> None:
+    from vitlab.checkpoint import load_train_state
     from vitlab.interop import read_weights
-    from vitlab.train.checkpoint import load_train_state
 
     data = bytearray(_good_state_bytes(legacy))
     data = data[:cut % (len(data) + 1)]
@@ -298,7 +298,7 @@ def test_damaged_state_file_loads_or_raises_checkpoint_error(tmp_path_factory: p
 def test_damaged_checkpoint_loads_or_raises_checkpoint_error(tmp_path_factory: pytest.TempPathFactory, cut: int,
                                                              flips: list[tuple[int, int]]) -> None:
     from vitlab import create_model
-    from vitlab.train.checkpoint import load_model, save_checkpoint
+    from vitlab.checkpoint import load_model, save_checkpoint
 
     out = tmp_path_factory.mktemp("ck")
     save_checkpoint(out, create_model("vit_mnist", **{**TINY, "num_classes": 10}))

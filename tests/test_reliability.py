@@ -26,12 +26,12 @@ from torch import nn
 
 import vitlab
 from vitlab import atomic as atomic_module
+from vitlab.checkpoint import load_model, load_train_state, read_config, save_checkpoint
 from vitlab.cli import main
 from vitlab.data import load_dataset, load_image
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.interop import load_pretrained, read_weights, save_weights
 from vitlab.train import engine
-from vitlab.train.checkpoint import load_model, load_train_state, read_config, save_checkpoint
 from vitlab.train.config import RunConfig, load_yaml
 from vitlab.train.logging import RunLogger
 

@@ -18,13 +18,12 @@ from timm.layers import resample_abs_pos_embed as timm_resample
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vitlab
+from vitlab.checkpoint import load_model, read_config, save_checkpoint, spec_of
 from vitlab.cli import main
 from vitlab.data import load_dataset, normalize
 from vitlab.errors import ConfigError
 from vitlab.interop import to_timm
 from vitlab.train.batches import subset
-from vitlab.train.checkpoint import load_model, read_config, save_checkpoint
-from vitlab.train.models import spec_of
 
 MNIST_STATS = ((0.1307,), (0.3081,))
 
@@ -137,11 +136,11 @@ def test_set_input_size_errors_and_the_checkpoint_spec(tmp_path) -> None:
     with pytest.raises(ConfigError, match="set_input_size"):
         m(torch.zeros(1, 1, 42, 42))
     assert m.cfg.img_size == 28  # a refused resize changes nothing
-    from vitlab.train.models import create_for_run
+    from vitlab.train.run_model import create_for_run
 
     run = create_for_run("vit_mnist", {"depth": 1}, num_classes=10, img_size=28, in_chans=1)
     run.set_input_size(img_size=(42, 42))
-    assert spec_of(run)["img_size"] == 42
+    assert spec_of(run).config.img_size == 42
     save_checkpoint(tmp_path / "ck", run)
     assert load_model(tmp_path / "ck").pos_embed.shape == (1, 37, 64)
 

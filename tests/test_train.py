@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vitlab.checkpoint import load_model, load_train_state, read_config
 from vitlab.cli import main
 from vitlab.errors import ConfigError
-from vitlab.train.checkpoint import load_model, load_train_state, read_config
 from vitlab.train.config import RunConfig, load_yaml, size_defaults
 from vitlab.train.engine import NonFiniteLoss, train
 from vitlab.train.optim import WarmupCosine, build_optimizer, no_decay_names
@@ -137,7 +137,7 @@ def stop_at(global_step: int, signum: int | None = None):
     """An on_step callback that stops the run after ``global_step`` (with a real signal when ``signum``)."""
 
     def hook(trainer) -> None:
-        if trainer.progress["global_step"] == global_step:
+        if trainer.progress.global_step == global_step:
             if signum is None:
                 trainer.stop.request()
             else:
@@ -245,7 +245,7 @@ def test_nonfinite_keeps_the_last_good_checkpoint(tmp_path):
     out = tmp_path / "o"
 
     def poison(trainer) -> None:
-        if trainer.progress["global_step"] == 5:  # in epoch 2
+        if trainer.progress.global_step == 5:  # in epoch 2
             with torch.no_grad():
                 trainer.model.head.weight.fill_(float("nan"))
 
@@ -260,8 +260,8 @@ def test_skip_nonfinite_skips_steps(tmp_path):
     calls = []
 
     def poison_once(trainer) -> None:
-        calls.append(trainer.progress["global_step"])
-        if trainer.progress["global_step"] == 2:
+        calls.append(trainer.progress.global_step)
+        if trainer.progress.global_step == 2:
             trainer.pipeline.augment.register_forward_hook(_nan_once(trainer))
 
     result = train(RunConfig(epochs=1, skip_nonfinite=True, **TINY_CFG, output=str(out)), on_step=poison_once)

@@ -5,8 +5,7 @@ from typing import Any
 from vitlab import timm_hook as _timm_hook
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.models import ModelConfig, build_model, create_model, get_config, list_models
-
-__version__ = "0.1.0"
+from vitlab.version import __version__
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "ModelConfig", "VitlabError", "__version__",
            "build_model", "create_model", "from_timm", "get_config", "list_models", "load_pretrained",

@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vitlab", description=__doc__.splitlines()[0])
-    from vitlab import __version__
+    from vitlab.version import __version__
 
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

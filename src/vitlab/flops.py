@@ -1,6 +1,6 @@
 """Model-level FLOP accounting: per-module multiplies, per-type totals and a cross-check against torch.
 
-Convention (seed 002, docs/flops.md): every count is of **multiplies** for one image at the configured
+Convention (docs/flops.md): every count is of **multiplies** for one image at the configured
 size, one per multiply-add, i.e. MACs. ``FLOPs = 2 x MACs``. Paper tables (DeiT, CaiT) print MACs and
 call them FLOPs: CaiT-S24 at 224 is "9.4 G" there and 9.36 GMACs here. Additions (biases, residuals,
 position embeddings) are free; softmax, norms, GELU, LayerScale and the attention scale count one

@@ -13,14 +13,13 @@ processes only change how the same arithmetic is scheduled.
 - ``sliced_backward`` computes the gradient of a batch's mean loss as the weighted sum of its slices'
   gradients, taken concurrently on a thread pool (torch releases the GIL inside its kernels) and summed in
   slice order, so the result does not depend on which thread finishes first. Random layers draw from the
-  slice's own generator (:func:`slice_generator`), seeded from the global one.
+  slice's own generator (:func:`vitlab.slice_rng.slice_generator`), seeded from the global one.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
+from vitlab.slice_rng import _local, slice_generator
+
+__all__ = ["CpuPlan", "adamw", "batch_coupled", "cpu_cores", "cpu_plan", "fused_adamw_supported",
+           "rng_is_thread_safe", "set_threads", "slice_bounds", "slice_generator", "sliced_backward", "sliced_forward"]
 
 # below this many tokens per process (rows of its GEMMs) a slice of the batch cannot keep a core busy
 MIN_TOKENS_PER_PROC = 256
@@ -116,15 +119,6 @@ def cpu_plan(batch_size: int, tokens_per_image: int = 1, *, cores: int | None = 
 
 
 # ----------------------------------------------------------------------------------- sliced (threaded) steps
-_local = threading.local()
-
-
-def slice_generator() -> torch.Generator | None:
-    """The generator of the batch slice this thread is computing (inside :func:`sliced_backward`), else None:
-    random layers pass it to their draws so that each slice's randomness does not depend on thread timing."""
-    return getattr(_local, "generator", None)
-
-
 @functools.cache
 def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix="vitlab-slice")

@@ -8,12 +8,10 @@ all and writes PNG + CSV + JSON + ``index.html``.
 
 from vitlab.analysis.analyze import AnalysisResult, analyze_model
 from vitlab.analysis.attention_maps import (
-    Rollout,
     TokenLayout,
-    class_attention_rollout,
     class_token_attention,
-    model_rollout,
-    rollout,
+    readout_attention,
+    readout_label,
     to_grid,
 )
 from vitlab.analysis.collapse import (
@@ -27,11 +25,27 @@ from vitlab.analysis.collapse import (
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
 from vitlab.analysis.report import Section, atomic_path, read_csv, versions, write_csv, write_json, write_report
 from vitlab.analysis.residuals import BlockRatio, gated_blocks, residual_ratios, stack_ratios, summarize_ratios
+from vitlab.analysis.rollout import (
+    HEAD_FUSIONS,
+    METHODS,
+    AttentionGradients,
+    Rollout,
+    attention_gradients,
+    class_attention_rollout,
+    discard_lowest,
+    explain,
+    fuse_heads,
+    gradient_rollout,
+    model_rollout,
+    rollout,
+)
 
 __all__ = [
-    "AnalysisResult", "BlockRatio", "CollapseGroup", "Rollout", "Section", "SimilarityMeter", "TokenLayout",
-    "adjacent_similarity", "analyze_model", "atomic_path", "class_attention_rollout", "class_token_attention",
-    "collapse_groups", "cross_layer_similarity", "gated_blocks", "model_rollout", "patch_pos_embed",
-    "pos_embed_similarity", "read_csv", "residual_ratios", "rollout", "similar_blocks", "similarity_grid",
-    "stack_ratios", "summarize_ratios", "to_grid", "versions", "write_csv", "write_json", "write_report",
+    "HEAD_FUSIONS", "METHODS", "AnalysisResult", "AttentionGradients", "BlockRatio", "CollapseGroup", "Rollout",
+    "Section", "SimilarityMeter", "TokenLayout", "adjacent_similarity", "analyze_model", "atomic_path",
+    "attention_gradients", "class_attention_rollout", "class_token_attention", "collapse_groups",
+    "cross_layer_similarity", "discard_lowest", "explain", "fuse_heads", "gated_blocks", "gradient_rollout",
+    "model_rollout", "patch_pos_embed", "pos_embed_similarity", "read_csv", "readout_attention", "readout_label",
+    "residual_ratios", "rollout", "similar_blocks", "similarity_grid", "stack_ratios", "summarize_ratios", "to_grid",
+    "versions", "write_csv", "write_json", "write_report",
 ]

@@ -21,11 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.analysis import plots
-from vitlab.analysis.attention_maps import TokenLayout, class_token_attention, model_rollout
+from vitlab.analysis.attention_maps import TokenLayout, readout_attention, readout_label
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
 from vitlab.analysis.report import Section, versions, write_csv, write_json, write_report
 from vitlab.analysis.residuals import BlockRatio, stack_ratios, summarize_ratios
+from vitlab.analysis.rollout import attention_gradients, check_options, model_rollout
 from vitlab.errors import ConfigError, DataError
 from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
@@ -42,8 +43,9 @@ class AnalysisResult:
     out_dir: Path
     groups: list[CollapseGroup]
     ratios: list[BlockRatio]
-    cls_attention: Tensor  # (S, H, g, g) for the S shown images
+    cls_attention: Tensor  # (S, H, g, g) for the S shown images, read as the head reads the model
     rollout: Tensor  # (S, g, g)
+    target: Tensor | None  # (S,) target classes of gradient rollout, else None
     pos_similarity: Tensor | None  # (N, N)
     summary: dict
     files: list[str] = field(default_factory=list)
@@ -104,15 +106,23 @@ def _attention_rows(cls_attn: Tensor, roll: Tensor, row_names: list[str]) -> lis
 def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labels: Tensor | None = None,
                   classes: list[str] | None = None, mean: tuple[float, ...] | None = None,
                   std: tuple[float, ...] | None = None, threshold: float = 0.9, num_show: int = 6,
-                  layer: int = -1, batch_size: int = 32, command: str | list[str] | None = None,
-                  title: str | None = None) -> AnalysisResult:
+                  layer: int | None = None, batch_size: int = 32, command: str | list[str] | None = None,
+                  title: str | None = None, method: str = "attention", head_fusion: str = "mean",
+                  discard_ratio: float = 0.0, target_class: int | None = None) -> AnalysisResult:
     """Run attention collapse, residual ratios, attention maps / rollout and the position-embedding figure.
 
     ``images``: ``(B, C, H, W)`` uint8 (standardised with ``mean``/``std`` when given) or float model
     inputs. Collapse and residual ratios average over all ``B`` images; the maps show the first
-    ``num_show``. ``layer`` picks the attention map drawn per head (default the last; CaiT: the last
-    class-attention layer). The model runs in eval mode on its own device and is put back as it was.
+    ``num_show``. Maps and rollout are read as the head reads the model (class token, or the mean of the
+    patch tokens when it average-pools). ``layer`` picks the attention map drawn per head (default: the
+    last map the head depends on; CaiT: the last class-attention layer, or with average pooling the last
+    self-attention layer). ``method``, ``head_fusion``, ``discard_ratio`` and ``target_class`` choose the
+    rollout (see :mod:`vitlab.analysis.rollout`). The model runs in eval mode on its own device and is put
+    back as it was.
     """
+    check_options(head_fusion, discard_ratio, method)
+    if target_class is not None and method != "gradient":
+        raise ConfigError("a target class applies to gradient rollout only; add --rollout gradient")
     if not -1.0 <= threshold <= 1.0:
         raise ConfigError(f"threshold {threshold} is not a cosine similarity; pass a value in [-1, 1], e.g. 0.9")
     if num_show < 1 or batch_size < 1:
@@ -129,7 +139,8 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     try:
         result = _run(model, x, images, stage, device=device, labels=labels, classes=classes, threshold=threshold,
                       num_show=min(num_show, len(x)), layer=layer, batch_size=batch_size, command=command,
-                      title=title)
+                      title=title, method=method, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                      target_class=target_class)
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in OUTPUTS:  # outputs of an earlier run this one did not produce would be stale
             if name not in result.files:
@@ -145,36 +156,67 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     return result
 
 
+def default_layer(maps: list[Tensor], layout: TokenLayout) -> int:
+    """The last map the head depends on: the last one, or with average pooling the last self-attention map
+    (CaiT's class-attention stage does not reach pooled patches)."""
+    if layout.reads_class_token:
+        return len(maps) - 1
+    return max(i for i, m in enumerate(maps) if m.shape[-2] == m.shape[-1])
+
+
+def rollout_label(method: str, head_fusion: str, discard_ratio: float, target_class: int | None) -> str:
+    """How the rollout was made, for titles and the report."""
+    parts = [f"heads {head_fusion}"] + ([f"lowest {discard_ratio:g} discarded"] if discard_ratio else [])
+    if method == "gradient":
+        target = "predicted class" if target_class is None else f"class {target_class}"
+        return f"gradient-weighted rollout for the {target} ({', '.join(parts)})"
+    return f"attention rollout ({', '.join(parts)})"
+
+
 def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: torch.device,
-         labels: Tensor | None, classes: list[str] | None, threshold: float, num_show: int, layer: int,
-         batch_size: int, command: str | list[str] | None, title: str | None) -> AnalysisResult:
+         labels: Tensor | None, classes: list[str] | None, threshold: float, num_show: int, layer: int | None,
+         batch_size: int, command: str | list[str] | None, title: str | None, method: str, head_fusion: str,
+         discard_ratio: float, target_class: int | None) -> AnalysisResult:
     cfg = model.cfg
     layout = TokenLayout.of(model)
     meter = SimilarityMeter(threshold)
-    cls_attn, roll, mass = [], [], []
+    cls_attn, roll, mass, targets = [], [], [], []
     names: list[str] = []
     ratio_parts = []
+    label = ""
     for start in range(0, len(x), batch_size):
         chunk = x[start:start + batch_size].to(device)
-        with record_attention(model.modules()) as maps, record_residuals(model.modules()) as res:
-            model(chunk)  # one pass records both attention maps and residual ratios
+        grads = None
+        with record_residuals(model.modules()) as res:  # one pass records maps and residual ratios
+            if method == "gradient":
+                ag = attention_gradients(model, chunk, target_class)
+                maps, grads = ag.maps, ag.grads
+                targets.append(ag.target.cpu())
+            else:
+                with record_attention(model.modules()) as maps:
+                    model(chunk)
         ratio_parts.append(stack_ratios(res))
         if not maps:
             raise ConfigError(f"model {cfg.name or cfg.arch!r} recorded no attention maps; analyse a vitlab model")
         if not names:
             names = attention_layer_names(model, len(maps))
+            if layer is None:
+                layer = default_layer(maps, layout)
             if not -len(maps) <= layer < len(maps):
                 raise ConfigError(f"layer {layer} does not exist: the model has {len(maps)} attention layers "
                                   f"(0..{len(maps) - 1}, or -1 for the last)")
+            label = readout_label(maps[layer], layout)
         meter.update(maps)
-        r = model_rollout(maps, layout)
+        r = model_rollout(maps, layout, grads=grads, head_fusion=head_fusion, discard_ratio=discard_ratio)
         mass.append(r.patch_mass.cpu())
         if start < num_show:
             keep = num_show - start
-            cls_attn.append(class_token_attention(maps[layer][:keep], layout).cpu())
+            cls_attn.append(readout_attention(maps[layer][:keep], layout).cpu())
             roll.append(r.relevance[:keep].cpu())
     groups = meter.compute()
     cls_attention, relevance, patch_mass = torch.cat(cls_attn), torch.cat(roll), torch.cat(mass)
+    target = torch.cat(targets) if targets else None
+    roll_label = rollout_label(method, head_fusion, discard_ratio, target_class)
     ratios = summarize_ratios(model, ratio_parts)
 
     files: list[str] = []
@@ -183,11 +225,12 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
         files.append(name)
         return name
 
+    def name_of(y: int) -> str:
+        return classes[y] if classes and 0 <= y < len(classes) else str(y)
+
     def label_of(i: int) -> str:
-        if labels is None:
-            return f"#{i}"
-        y = int(labels[i])
-        return f"#{i} ({classes[y] if classes and 0 <= y < len(classes) else y})"
+        text = f"#{i}" if labels is None else f"#{i} ({name_of(int(labels[i]))})"
+        return text if target is None else f"{text} -> {name_of(int(target[i]))}"
 
     # attention collapse
     pairs, layer_rows = _collapse_rows(groups, names)
@@ -212,13 +255,12 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
     display = plots.display_images(images[:num_show])
     H = cls_attention.shape[1]
     layer_index = layer % len(names)
-    which = "class-token" if layout.class_token else "mean received"
     heads = torch.cat([cls_attention, cls_attention.mean(dim=1, keepdim=True)], dim=1)  # (S, H + 1, g, g)
     plots.overlay_grid(display, heads, [f"head {h}" for h in range(H)] + ["mean"], stage / add("attention_heads.png"),
-                       row_titles=shown, title=f"{which} attention, {names[layer_index]}")
+                       row_titles=shown, title=f"{names[layer_index]}: {label}")
     both = torch.stack([cls_attention.mean(dim=1), relevance], dim=1)  # (S, 2, g, g)
     plots.overlay_grid(display, both, ["mean of heads", "rollout"], stage / add("attention_rollout.png"),
-                       row_titles=shown, title=f"{which} attention ({names[layer_index]}) and rollout")
+                       row_titles=shown, title=f"{names[layer_index]}: {label}\nand {roll_label}")
     write_csv(stage / add("attention_maps.csv"), _attention_rows(cls_attention, relevance, shown))
 
     # position embedding
@@ -246,6 +288,11 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
                       "similarity": g.similarity.tolist()} for g in groups],
         "residual_ratios": [r.row() for r in ratios],
         "attention_layer": names[layer_index],
+        "attention_readout": label,
+        "head_reads": "class token" if layout.reads_class_token else "mean of patch tokens",
+        "rollout": {"method": method, "head_fusion": head_fusion, "discard_ratio": discard_ratio,
+                    "target_class": target_class, "label": roll_label,
+                    "targets": None if target is None else target.tolist()},
         "rollout_patch_mass": float(patch_mass.mean()),
         "pos_embed": "drawn" if pos_sim is not None else pos_note,
         "versions": versions(),
@@ -254,13 +301,13 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
     cmd = command if command is not None else f"vitlab.analysis.analyze_model({cfg.name or cfg.arch}, {len(x)} images)"
     write_report(stage, title or f"Analysis of {cfg.name or cfg.arch}", cmd,
                  _sections(groups, ratios, pos_sim is not None, pos_note, len(x), threshold, names[layer_index],
-                           float(patch_mass.mean()), layout.class_token))
+                           float(patch_mass.mean()), label, roll_label))
     files.append("index.html")
-    return AnalysisResult(stage, groups, ratios, cls_attention, relevance, pos_sim, summary, files)
+    return AnalysisResult(stage, groups, ratios, cls_attention, relevance, target, pos_sim, summary, files)
 
 
 def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bool, pos_note: str, n: int,
-              threshold: float, layer_name: str, patch_mass: float, class_token: bool) -> list[Section]:
+              threshold: float, layer_name: str, patch_mass: float, label: str, roll_label: str) -> list[Section]:
     collapse = ", ".join(f"{g.name}: mean similarity {g.mean_off_diagonal():.3f}, "
                          f"{int((g.similar > 0).sum())} of {len(g.layers)} layers with a similar block"
                          for g in groups)
@@ -277,11 +324,10 @@ def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bo
                 "in proportion; LayerScale makes them flatter, zero gates make them 0.",
                 ["residual_ratios.png"], ["residual_ratios.csv"]),
         Section("Attention maps",
-                f"{'Class-token attention' if class_token else 'Mean attention received by each patch'} in "
-                f"{layer_name}, per head and averaged over heads, then attention rollout (heads averaged, "
-                "identity added, rows renormalised, layers multiplied). Each overlay is min-max scaled on its "
-                f"own; attention_maps.csv holds the raw values. Share of the rollout on patches (the rest lies on "
-                f"the class token and registers): {patch_mass:.3f}.",
+                f"{layer_name}: {label[0].upper() + label[1:]}. Per head and averaged over heads, then the "
+                f"{roll_label}, read the same way. Each overlay is min-max scaled on its own; attention_maps.csv "
+                "holds the raw values. Share of the rollout's relevance on the patches (the rest lies on the "
+                f"class token and registers): {patch_mass:.3f}.",
                 ["attention_heads.png", "attention_rollout.png"], []),
     ]
     if has_pos:

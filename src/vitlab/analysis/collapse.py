@@ -1,4 +1,4 @@
-"""Attention collapse (DeepViT, seed 004): how similar the attention maps of different layers are.
+"""Attention collapse (DeepViT, Zhou et al. 2021): how similar the attention maps of different layers are.
 
 For layers ``p`` and ``q``, head ``h`` and token ``t`` the seed defines
 
@@ -48,7 +48,7 @@ def cross_layer_similarity(maps: list[Tensor], *, along: str = "column") -> Tens
     """``(L, L)`` mean cosine similarity between the attention maps of every pair of layers.
 
     ``maps``: ``L`` tensors ``(B, heads, T_q, T_k)`` of one shape. ``along='column'`` compares, for each head
-    and key token, the attention that all queries pay to it (seed 004); ``'row'`` compares, for each head and
+    and key token, the attention that all queries pay to it (Zhou et al. 2021); ``'row'`` compares, for each head and
     query, its attention over the keys (used for class-attention, where ``T_q == 1``). The mean runs over
     batch, heads and tokens. Identical maps give 1; zero vectors count as similarity 0.
     """
@@ -113,7 +113,7 @@ def group_name(t_q: int, t_k: int) -> str:
 def collapse_groups(maps: list[Tensor], threshold: float = 0.9) -> list[CollapseGroup]:
     """Split ``maps`` by shape and compute each group's similarity and similar-block counts.
 
-    Self-attention groups compare columns (seed 004), class-attention groups (``T_q == 1``) rows.
+    Self-attention groups compare columns (Zhou et al. 2021), class-attention groups (``T_q == 1``) rows.
     Groups come in order of their first layer.
     """
     if len(maps) == 0:

@@ -6,6 +6,7 @@ PNG atomically; the numbers behind each figure are written to CSV by the caller.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def overlay_grid(images: np.ndarray, heats: Tensor, column_titles: Sequence[str]
     many heads).
 
     ``images`` ``(B, H, W, 3)`` in [0, 1] (see :func:`display_images`); ``heats`` ``(B, K, g, g)``; each map
-    is min-max scaled on its own (the CSV keeps the raw values).
+    is min-max scaled on its own (the CSV keeps the raw values); ``title`` is wrapped to the figure's width.
     """
     B, K = heats.shape[:2]
     h, w = images.shape[1:3]
@@ -165,7 +166,9 @@ def overlay_grid(images: np.ndarray, heats: Tensor, column_titles: Sequence[str]
             x = (k + 1) * (w + gap)
             out[y:y + h, x:x + w] = blend(images[b], heats[b, k])
     cell = 1.0 if K + 1 <= 10 else 0.75
-    fig = new_figure(max(4.0, cell * (K + 1) + 0.8), cell * B + 0.6)
+    width = max(4.0, cell * (K + 1) + 0.8)
+    lines = [w for line in title.split("\n") for w in textwrap.wrap(line, width=int(width * 12))]
+    fig = new_figure(width, cell * B + 0.6 + 0.15 * max(0, len(lines) - 1))
     ax = fig.add_subplot()
     ax.imshow(out, interpolation="nearest")
     ax.set_xticks([k * (w + gap) + (w - 1) / 2 for k in range(K + 1)], ["input", *column_titles], fontsize=7)
@@ -175,8 +178,8 @@ def overlay_grid(images: np.ndarray, heats: Tensor, column_titles: Sequence[str]
     ax.tick_params(length=0)
     for s in ax.spines.values():
         s.set_visible(False)
-    if title:
-        ax.set_title(title, fontsize=9)
+    if lines:
+        ax.set_title("\n".join(lines), fontsize=9)
     return save(fig, path)
 
 
@@ -193,7 +196,7 @@ def mosaic(grid: Tensor, gap: float = float("nan")) -> np.ndarray:
 
 
 def pos_embed_figure(grid: Tensor, path: str | Path, *, title: str = "") -> Path:
-    """Seed 003's figure: tile ``(r, c)`` is the cosine similarity of patch ``(r, c)``'s position
+    """The ViT paper's Fig. 7: tile ``(r, c)`` is the cosine similarity of patch ``(r, c)``'s position
     embedding with every patch (``grid`` from :func:`vitlab.analysis.pos_embed.similarity_grid`). The colour
     scale runs from the smallest similarity (or -1 when it is lower) to 1."""
     g = grid.shape[0]

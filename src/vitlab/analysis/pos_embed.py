@@ -1,8 +1,8 @@
-"""Position-embedding similarity (seed 003, ViT paper Fig. 7): the cosine similarity of each patch's
+"""Position-embedding similarity (Dosovitskiy et al. 2021, Fig. 7): the cosine similarity of each patch's
 position embedding with every other patch's, drawn as a ``g x g`` grid of small ``g x g`` heatmaps.
 
 Only the patch slots are compared: class-token / register slots of the table are dropped. A learned
-table shows what training made of it; a fixed sin-cos table shows the structure it imposes (seed 003's
+table shows what training made of it; a fixed sin-cos table shows the structure it imposes (the Transformer's
 1-D sinusoid numbers the patches in row-major order, so rows of the grid look alike).
 """
 

@@ -70,10 +70,10 @@ def versions() -> dict[str, str]:
     import timm
     import torch
 
-    import vitlab
+    from vitlab.version import __version__
 
     return {"python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
-            "vitlab": vitlab.__version__, "numpy": numpy.__version__, "matplotlib": matplotlib.__version__,
+            "vitlab": __version__, "numpy": numpy.__version__, "matplotlib": matplotlib.__version__,
             "platform": platform.platform()}
 
 

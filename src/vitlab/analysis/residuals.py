@@ -1,4 +1,4 @@
-"""Residual ratios (CaiT, seed 000): ``||gate(branch(x))||_2 / ||x||_2`` per block and branch.
+"""Residual ratios (CaiT, Touvron et al. 2021): ``||gate(branch(x))||_2 / ||x||_2`` per block and branch.
 
 LayerScale makes this ratio more uniform across depth; a zero gate (ReZero / SkipInit at init) makes it 0.
 The norms run over all tokens and channels of one image, so each block gives one ratio per image and
@@ -7,6 +7,7 @@ branch; :func:`residual_ratios` averages them over a batch.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +67,10 @@ def summarize_ratios(model: nn.Module, parts: list[dict[str, Tensor]]) -> list[B
     attn = torch.cat([p["attn"] for p in parts], dim=1)  # (L, N)
     mlp = torch.cat([p["mlp"] for p in parts], dim=1)
     names = gated_blocks(model)
-    if len(names) != attn.shape[0]:  # a model that runs blocks in another order: number them
+    if len(names) != attn.shape[0]:  # a model that runs blocks in another order or number: number them
+        warnings.warn(f"the model recorded {attn.shape[0]} residual ratios per image but has {len(names)} gated "
+                      f"blocks (it runs blocks in another order or number), so the rows are numbered 'block i', "
+                      f"not named after the blocks", UserWarning, stacklevel=2)
         names = [(f"block {i}", "self_attention") for i in range(attn.shape[0])]
     std = (lambda t: t.std(dim=1)) if attn.shape[1] > 1 else (lambda t: torch.zeros(t.shape[0]))
     a_mean, a_std, m_mean, m_std = attn.mean(dim=1), std(attn), mlp.mean(dim=1), std(mlp)

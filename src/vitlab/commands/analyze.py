@@ -27,8 +27,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--show", type=int, default=6, metavar="N", help="images drawn in the attention figures (default 6)")
     p.add_argument("--threshold", type=float, default=0.9, metavar="X",
                    help="similarity above which two blocks count as similar (default 0.9)")
-    p.add_argument("--layer", type=int, default=-1, metavar="I",
-                   help="attention layer drawn per head (default -1, the last; CaiT: the last class-attention)")
+    p.add_argument("--layer", type=int, default=None, metavar="I",
+                   help="attention layer drawn per head (default: the last the head depends on; CaiT: the last "
+                        "class-attention, or the last self-attention when the head average-pools)")
+    p.add_argument("--rollout", default="attention", choices=("attention", "gradient"),
+                   help="attention rollout (Abnar & Zuidema) or class-specific gradient-weighted rollout "
+                        "(Chefer et al.) (default attention)")
+    p.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"),
+                   help="how rollout fuses the heads of a layer (default mean)")
+    p.add_argument("--discard-ratio", type=float, default=0.0, metavar="X",
+                   help="rollout drops the lowest fraction X of each fused map, the class token's own entry "
+                        "kept (default 0; vit-explain uses 0.9)")
+    p.add_argument("--target-class", type=int, default=None, metavar="C",
+                   help="class whose logit gradient rollout explains (default: each image's predicted class)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", metavar="DEV",
                    help="cpu, cuda, cuda:1, ... (default: cuda when available)")
@@ -37,9 +48,9 @@ def register(subparsers: Any) -> None:
 
 def load_checkpoint(checkpoint: Path) -> tuple[Any, dict]:
     """The vitlab model of a checkpoint folder and the ``"run"`` section of its config.json ({} if none)."""
+    from vitlab.checkpoint import load_model, read_config
     from vitlab.errors import CheckpointError, ConfigError
     from vitlab.models import VitlabModel
-    from vitlab.train.checkpoint import load_model, read_config
 
     if not checkpoint.exists():
         raise CheckpointError(f"checkpoint {checkpoint} does not exist; pass --checkpoint the output folder of a "
@@ -73,7 +84,12 @@ def command_line(args: argparse.Namespace, dataset: str, data_dir: str | None) -
     if data_dir:
         cmd += ["--data-dir", str(data_dir)]
     cmd += ["--num-images", str(args.num_images), "--show", str(args.show), "--threshold", f"{args.threshold:g}",
-            "--layer", str(args.layer), "--batch-size", str(args.batch_size), "--device", args.device]
+            "--batch-size", str(args.batch_size), "--device", args.device]
+    if args.layer is not None:
+        cmd += ["--layer", str(args.layer)]
+    cmd += ["--rollout", args.rollout, "--head-fusion", args.head_fusion, "--discard-ratio", f"{args.discard_ratio:g}"]
+    if args.target_class is not None:
+        cmd += ["--target-class", str(args.target_class)]
     return cmd
 
 
@@ -103,9 +119,12 @@ def run(args: argparse.Namespace) -> int:
     result = analyze_model(model.to(device), test.images[pick], args.output, labels=test.labels[pick],
                            classes=test.classes, mean=mean, std=std, threshold=args.threshold, num_show=args.show,
                            layer=args.layer, batch_size=args.batch_size, command=command_line(args, dataset, data_dir),
-                           title=f"Analysis of {cfg.name or cfg.arch} ({checkpoint.name}) on {dataset}")
+                           title=f"Analysis of {cfg.name or cfg.arch} ({checkpoint.name}) on {dataset}",
+                           method=args.rollout, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                           target_class=args.target_class)
     for g in result.groups:
         print(f"{g.name}: mean cross-layer similarity {g.mean_off_diagonal():.3f}, similar blocks per layer "
               f"{g.similar.tolist()}")
+    print(f"maps: {result.summary['attention_readout']}; rollout: {result.summary['rollout']['label']}")
     print(f"wrote {len(result.files)} files to {result.out_dir} (open {result.out_dir / 'index.html'})")
     return 0

@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.interop import load_pretrained, save_weights, to_timm
-    from vitlab.interop.pretrained import check_output_path
+    from vitlab.checkpoint import check_output_path, save_weights
+    from vitlab.interop import load_pretrained, to_timm
 
     check_output_path(args.output)
     overrides = {k: v for k, v in (("img_size", args.img_size), ("patch_size", args.patch_size),

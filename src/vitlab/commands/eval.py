@@ -30,13 +30,12 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from vitlab.checkpoint import ModelSpec, load_model, read_config
     from vitlab.data import load_dataset
     from vitlab.errors import ConfigError, DataError
     from vitlab.train.batches import subset
-    from vitlab.train.checkpoint import load_model, read_config
     from vitlab.train.distributed import pick_device
     from vitlab.train.evaluate import evaluate
-    from vitlab.train.models import input_shape
     from vitlab.train.plots import save_confusion_matrix
     from vitlab.train.predict import checkpoint_normalization
 
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     config = read_config(args.checkpoint)
     run_cfg = config.get("run") or {}
     model = load_model(args.checkpoint, model=args.model)
-    img_size, in_chans = input_shape(config["model"])
+    img_size, in_chans = ModelSpec.from_dict(config["model"]).input_shape
     dataset = args.dataset or run_cfg.get("dataset")
     if dataset is None:
         raise ConfigError(f"{args.checkpoint} does not say which data it was trained on; pass --dataset")

@@ -17,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitlab.checkpoint import load_model, read_config
     from vitlab.errors import ConfigError
-    from vitlab.train.checkpoint import load_model, read_config
     from vitlab.train.distributed import pick_device
     from vitlab.train.predict import predict_files
 

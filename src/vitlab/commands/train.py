@@ -8,9 +8,6 @@ from typing import Any
 
 # CLI flag -> ModelConfig field (timm: keyword argument)
 MODEL_FLAGS = ("img_size", "patch_size", "in_chans", "depth", "embed_dim", "num_heads", "mlp_ratio", "gate", "attn")
-# run options a resumed run may change without breaking the continuation
-RESUMABLE = {"epochs", "output", "progress", "checkpoint_every", "device", "threads", "slices", "eval_batch_size",
-             "skip_nonfinite", "data_dir", "download", "compile", "model", "model_overrides"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -104,7 +101,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 def cli_options(args: argparse.Namespace) -> dict[str, Any]:
     """The run options given on the command line (and in --config), CLI winning, as RunConfig fields."""
-    from vitlab.train.config import load_yaml
+    from vitlab.train.config import NO_AUGMENT, load_yaml
 
     given = dict(vars(args))
     for key in ("func", "command", "config", "resume"):
@@ -116,8 +113,7 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
         if key in given:
             overrides[key] = given.pop(key)
     if given.pop("no_augment", False):
-        options.update(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=False,
-                       pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0)
+        options.update(NO_AUGMENT)
     if "scale" in given:
         given["scale"] = tuple(given["scale"])
     options.update(given)
@@ -127,25 +123,14 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.errors import ConfigError
     from vitlab.train.config import RunConfig
-    from vitlab.train.engine import resume_config, train
+    from vitlab.train.engine import train
+    from vitlab.train.resume import resumed_run_config
 
     options = cli_options(args)
     resume = getattr(args, "resume", None)
     if resume is not None:
-        cfg = resume_config(resume, {})
-        stored = cfg.to_dict()
-        changed = sorted(k for k, v in RunConfig.from_dict(options).to_dict().items()
-                         if k in options and v != stored[k] and k not in RESUMABLE)
-        if changed:
-            flags = ", ".join(f"--{k.replace('_', '-')}" for k in changed)
-            raise ConfigError(f"cannot change {flags} when resuming (the run would not continue exactly); drop "
-                              f"{'it' if len(changed) == 1 else 'them'}, or start a new run with another --output")
-        if "model_overrides" in options:
-            options["model_overrides"] = {**stored["model_overrides"], **options["model_overrides"]}
-        options.setdefault("output", resume)  # the folder resumed, wherever it was first written
-        cfg = cfg.replace(**options)
+        cfg = resumed_run_config(resume, options)
     else:
         cfg = RunConfig.from_dict(options, "command line")
     result = train(cfg, resume=resume)

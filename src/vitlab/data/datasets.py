@@ -33,7 +33,7 @@ __all__ = [
 
 DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "cifar10", "cifar100", "mnist-5k", "imagefolder")
 
-_ALIASES = {
+DATASET_ALIASES = {  # the one table of alternative data set names
     "fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "mnist5k": "mnist-5k",
     "mnist_5k": "mnist-5k", "cifar-10": "cifar10", "cifar-100": "cifar100", "image-folder": "imagefolder",
     "image_folder": "imagefolder",
@@ -96,9 +96,15 @@ class DataSplit:
         return len(self.classes)
 
 
+def canonical_dataset(name: str) -> str:
+    """``MNIST_5k`` -> ``mnist-5k`` etc. (unknown names pass through; loading them names the choices)."""
+    key = name.strip().lower().replace("_", "-")
+    return DATASET_ALIASES.get(key.replace("-", ""), DATASET_ALIASES.get(key, key))
+
+
 def _canonical(name: str) -> str:
     key = name.strip().lower()
-    key = _ALIASES.get(key, key)
+    key = DATASET_ALIASES.get(key, key)
     if key not in DATASETS:
         raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
     return key

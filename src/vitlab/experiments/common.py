@@ -32,7 +32,7 @@ def train_run(cfg: Any, init: str | None = None) -> dict:
     model from pretrained weights (see :func:`load_init`). A run stopped by Ctrl-C or SIGTERM raises
     :class:`KeyboardInterrupt`, so the study stops too; its checkpoint lets the next invocation resume.
     """
-    from vitlab.train.checkpoint import CONFIG
+    from vitlab.checkpoint import CONFIG
     from vitlab.train.distributed import init_distributed
     from vitlab.train.engine import Trainer, train
 
@@ -76,7 +76,7 @@ def load_init(model: Any, init: str) -> None:
         return
     cfg = config_from_timm(model)
     if init == "hub":
-        source = load_pretrained(f"timm:{model.vitlab_spec['timm']}")
+        source = load_pretrained(f"timm:{model.vitlab_spec.timm}")
         with_weights = build_model(cfg)
         with_weights.load_state_dict(adapt_state_dict(source.state_dict(), with_weights))
     else:
@@ -131,14 +131,15 @@ def changed_options(cfg: Any, run_dir: Path) -> list[str]:
     """The options ``cfg`` sets that differ from those the run in ``run_dir`` was trained with (its
     ``config.json``): run options against the stored run config, model options against the model that was
     built. Execution options (device, threads, output...) do not count. Empty when unknown."""
+    from vitlab.checkpoint import ModelSpec, read_config
+
     try:
-        config = json.loads((run_dir / "config.json").read_text())
-        stored, model = config.get("run"), config.get("model")
-    except (OSError, ValueError, AttributeError):
+        config = read_config(run_dir)
+        stored, built = config.get("run"), ModelSpec.from_dict(config["model"]).options()
+    except (ValueError, TypeError, AttributeError):
         return []
-    if not isinstance(stored, dict) or not isinstance(model, dict):
+    if not isinstance(stored, dict):
         return []
-    built = model.get("kwargs", {}) if "timm" in model else model
     out = []
     for key, value in cfg.to_dict().items():
         if key in IGNORED or value is None or key not in stored:
@@ -448,13 +449,9 @@ def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs pe
                    help="no per-epoch progress bars (one line per run is still printed)")
 
 
-NO_AUGMENT = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=False, pad_crop=0,
-                  trivial_augment=False, mixup=0.0, cutmix=0.0)
-
-
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     """A :class:`~vitlab.train.config.RunConfig` from the shared options plus ``fields``."""
-    from vitlab.train.config import RunConfig, coerce
+    from vitlab.train.config import NO_AUGMENT, RunConfig, coerce
 
     extra: dict[str, Any] = {}
     for key, text in parse_set(args.run_set, "--run-set").items():

@@ -1,4 +1,4 @@
-"""Model comparison (seed 003's table): vitlab presets and timm models trained from scratch with one recipe, and
+"""Model comparison: vitlab presets and timm models trained from scratch with one recipe, and
 models fine-tuned from local checkpoints, with accuracy, parameters, MACs and training time.
 
 ``--pretrained PATH`` values pair with ``--models`` in order (``-`` skips a model); ``NAME=PATH`` pairs with
@@ -141,19 +141,18 @@ def matmul_macs(run_dir: Path) -> int | None:
     definition for vitlab and timm models alike."""
     import torch
 
+    from vitlab.checkpoint import read_config, read_spec
     from vitlab.flops import torch_flops
-    from vitlab.train.checkpoint import read_config
-    from vitlab.train.models import model_from_spec
 
     try:
-        config = read_config(run_dir)
+        config, spec = read_config(run_dir), read_spec(run_dir)
     except CheckpointError:
         return None
     data = (config.get("run") or {}).get("data") or {}
     if "img_size" not in data:
         return None
     with torch.device("meta"):
-        model = model_from_spec(config["model"])
+        model = spec.build()
         x = torch.empty(1, data["in_chans"], data["img_size"], data["img_size"])
         return torch_flops(model, x) // 2
 

@@ -1,4 +1,4 @@
-"""Cost against the number of tokens (seed 003's question): measured forward and forward+backward time and
+"""Cost against the number of tokens: measured forward and forward+backward time and
 memory at several image sizes, a fitted exponent ``b`` of ``time ~ tokens ** b``, and the analytic MACs split
 into the part linear in the tokens and the attention part quadratic in them.
 

@@ -115,7 +115,7 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
 
     from vitlab.analysis import SimilarityMeter, analyze_model, residual_ratios, write_json
     from vitlab.analysis.analyze import model_inputs
-    from vitlab.train.checkpoint import load_model
+    from vitlab.checkpoint import load_model
 
     path = run_dir / "diagnostics.json"
     if path.is_file() and not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
@@ -337,11 +337,11 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         Section("Accuracy against depth", f"{lines}. Final test accuracy after the same recipe; error bars are the "
                 "standard deviation over seeds (0 with one seed).", ["accuracy_vs_depth.png"], ["summary.csv"]),
         Section("Attention collapse", "Mean cosine similarity between the attention maps of different "
-                "self-attention layers (DeepViT, seed 004: same head, same key token, compared over queries), and "
+                "self-attention layers (DeepViT, Zhou et al.: same head, same key token, compared over queries), and "
                 f"the share of layers that have at least one other layer above {threshold:g}. Rising curves mean the "
                 "extra blocks repeat the same attention.", ["collapse_vs_depth.png"]
                 + ([sim_name] if deepest else []), ["collapse_layers.csv"]),
-        Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (CaiT, seed 000), "
+        Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (CaiT, Touvron et al.), "
                 "mean over the test images used for the diagnostics and over seeds.", ["residual_ratios.png"],
                 ["residual_ratios.csv"]),
         Section("Variants", "Every variant uses the base preset's width, heads, image and patch size, position "

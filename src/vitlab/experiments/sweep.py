@@ -1,4 +1,4 @@
-"""Hyper-parameter sweeps (seed 003's studies): train one model per value (a grid for several parameters) and
+"""Hyper-parameter sweeps: train one model per value (a grid for several parameters) and
 seed, then plot test accuracy (mean +- std over seeds) and training time against each parameter.
 
 Any :class:`~vitlab.models.ModelConfig` field can be swept (``embed_dim``, ``patch_size``, ``depth``,

@@ -1,17 +1,19 @@
-"""timm interop: ``from_timm`` / ``to_timm`` conversion and ``load_pretrained`` with weight adaptation."""
+"""timm interop: ``from_timm`` / ``to_timm`` conversion and ``load_pretrained`` with weight adaptation.
 
+``read_weights`` and ``save_weights`` (the weight-file reader and writer) live in :mod:`vitlab.checkpoint` and
+are re-exported here for the interop API."""
+
+from vitlab.checkpoint import read_weights, save_weights
 from vitlab.interop.pretrained import (
     adapt_input_channels,
     adapt_state_dict,
+    from_timm,
     load_pretrained,
-    read_weights,
     resample_patch_kernel,
-    save_weights,
 )
 from vitlab.interop.timm_convert import (
     config_from_state_dict,
     config_from_timm,
-    from_timm,
     timm_unsupported,
     to_timm,
 )

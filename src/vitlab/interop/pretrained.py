@@ -9,7 +9,6 @@ must match: a mismatch is an error that lists them.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -21,14 +20,15 @@ from urllib.parse import urlparse
 import torch
 from torch import Tensor, nn
 
+from vitlab.checkpoint import read_weights
+from vitlab.checkpoint.weights import first_line
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm, from_timm_state_dict
-from vitlab.layers import resample_abs_pos_embed
+from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm_state_dict
+from vitlab.layers import build_pos_embed, resample_abs_pos_embed
 from vitlab.models import ModelConfig, VitlabModel, build_model, get_config
 from vitlab.models.pretrained_cfg import apply_checkpoint_file
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
-TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 _WRAPPERS = ("module.", "_orig_mod.", "model.")  # DDP, torch.compile, Lightning-style key prefixes
 
 
@@ -68,7 +68,8 @@ def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelC
     if model_or_name is None and file_cfg is not None:
         return build_model(file_cfg.replace(**overrides))
     if model_or_name is None:
-        base = config_from_state_dict(state, num_heads=overrides.get("num_heads"))
+        base = config_from_state_dict(state, num_heads=overrides.get("num_heads"),
+                                      global_pool=overrides.get("global_pool"))
     elif isinstance(model_or_name, str) and model_or_name.startswith(HUB_PREFIXES):
         base = config_from_timm(timm_skeleton(model_or_name))
     elif isinstance(model_or_name, str):
@@ -79,112 +80,22 @@ def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelC
     return build_model(base.replace(**{**source_geometry(state, base), **overrides}))
 
 
-# ---------------------------------------------------------------- weight files
+def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
+    """The vitlab model equivalent to ``timm_model`` (timm's ``VisionTransformer`` or ``Cait``), carrying its
+    weights; same device, dtype and train/eval mode.
 
-def read_weights(path: str | os.PathLike) -> tuple[dict[str, Tensor], ModelConfig | None]:
-    """The state dict in ``path`` and, for a vitlab checkpoint, its model config (else None).
-
-    ``path``: a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` file (read with ``weights_only=True``),
-    or a checkpoint directory holding ``model.safetensors`` and ``config.json``.
+    ``overrides`` are :class:`ModelConfig` fields; ``img_size``, ``patch_size``, ``in_chans`` and
+    ``num_classes`` adapt the weights as :func:`vitlab.load_pretrained` does.
     """
-    p = Path(path)
-    if p.is_dir():
-        weights = p / "model.safetensors"
-        if not weights.is_file():
-            raise CheckpointError(f"{p} is a directory without model.safetensors; pass a vitlab checkpoint directory "
-                                  f"(model.safetensors + config.json) or the weight file itself")
-        state, _ = read_weights(weights)
-        return state, _config_json(p / "config.json", required=True)
-    if not p.is_file():
-        raise CheckpointError(f"no weight file {p}; pass an existing .safetensors or .pth file or a vitlab "
-                              f"checkpoint directory")
-    if p.suffix == ".safetensors":
-        return _read_safetensors(p)
-    if p.suffix in TORCH_SUFFIXES:
-        return _read_torch(p), None
-    raise CheckpointError(f"{p} is neither .safetensors nor {'/'.join(TORCH_SUFFIXES)}; save the weights in one "
-                          f"of those formats")
+    model = build_model(config_from_timm(timm_model, **overrides))
+    model.load_state_dict(adapt_state_dict(timm_model.state_dict(), model))
+    p = next(timm_model.parameters(), None)
+    if p is not None:
+        model.to(device=p.device, dtype=p.dtype)
+    return model.train(timm_model.training)
 
 
-def _read_safetensors(p: Path) -> tuple[dict[str, Tensor], ModelConfig | None]:
-    from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file
-
-    try:
-        state = load_file(p)
-        with safe_open(p, framework="pt") as f:
-            meta = f.metadata() or {}
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{p} is not a readable safetensors file ({_first_line(exc)}); re-save it") from None
-    if "vitlab_config" in meta:
-        return state, ModelConfig.from_dict(json.loads(meta["vitlab_config"]))
-    return state, _config_json(p.parent / "config.json", required=False)
-
-
-def _read_torch(p: Path) -> dict[str, Tensor]:
-    try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure to unpickle safely means a bad file
-        raise CheckpointError(f"{p} cannot be read with weights_only=True ({_first_line(exc)}); vitlab never "
-                              f"unpickles code: re-save it as torch.save(model.state_dict(), ...) or safetensors"
-                              ) from None
-    for key in ("model", "state_dict", "model_state_dict"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not obj:
-        raise CheckpointError(f"{p} does not hold a state dict (a dict of tensors); save model.state_dict()")
-    bad = [k for k, v in obj.items() if not isinstance(v, Tensor)]
-    if bad:
-        raise CheckpointError(f"{p} holds non-tensor entries {', '.join(map(str, bad[:5]))}; save model.state_dict()")
-    return obj
-
-
-def _config_json(p: Path, required: bool) -> ModelConfig | None:
-    """The model config of a vitlab checkpoint's ``config.json`` (``{"model": {...}, "run": {...}}``)."""
-    if not p.is_file():
-        if required:
-            raise CheckpointError(f"{p.parent} has no config.json; pass the weight file and the model name instead")
-        return None
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        if required:
-            raise CheckpointError(f"{p} is not valid JSON ({exc}); restore it or pass the weight file and a model "
-                                  f"name") from None
-        return None
-    model = data.get("model") if isinstance(data, dict) else None
-    if not isinstance(model, dict) or "arch" not in model:
-        if required:
-            raise CheckpointError(f"{p} has no vitlab model config under 'model'; pass the weight file and a model "
-                                  f"name")
-        return None
-    return ModelConfig.from_dict(model)
-
-
-def save_weights(state: dict[str, Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:
-    """Write ``state`` to a ``.safetensors`` file atomically (a temporary file, then a rename)."""
-    from safetensors.torch import save_file
-
-    p = check_output_path(path)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return p
-
-
-def check_output_path(path: str | os.PathLike) -> Path:
-    """``path`` as a writable ``.safetensors`` target, or a :class:`CheckpointError` naming the fix."""
-    p = Path(path)
-    if p.suffix != ".safetensors":
-        raise CheckpointError(f"output {p} must end in .safetensors")
-    if not p.parent.is_dir():
-        raise CheckpointError(f"output directory {p.parent} does not exist; create it first")
-    return p
-
+# ---------------------------------------------------------------- weight files
 
 def strip_wrappers(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Remove a ``module.`` / ``_orig_mod.`` / ``model.`` prefix that every key carries."""
@@ -276,6 +187,13 @@ def _adapt_pos_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[
     if isinstance(model.pos_embed, nn.Parameter):
         state["pos_embed"] = resample_abs_pos_embed(src, model.grid_size, num_prefix=slots, mode="bicubic")
     else:  # a fixed sin-cos table is recomputed at the new size, not resampled
+        kind = model.cfg.pos_embed
+        own = build_pos_embed(kind, grid_size=grid, dim=src.shape[-1], num_prefix=slots)
+        if own is None or not torch.allclose(src.float(), own.to(src.dtype).float(), atol=1e-6):
+            raise CheckpointError(f"the file's pos_embed ({grid}x{grid} grid) is not the fixed {kind} table this model "
+                                  f"recomputes at {model.grid_size}x{model.grid_size}, so replacing it would drop "
+                                  f"learned weights; load it into a model with pos_embed='learned' (resampled) or at "
+                                  f"img_size={grid * model.cfg.patch_size} (its own grid)")
         state["pos_embed"] = target["pos_embed"].clone()
 
 
@@ -353,11 +271,6 @@ def _listing(keys: list[str], limit: int = 8) -> str:
     return ", ".join(keys[:limit]) + more
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 # ---------------------------------------------------------------- timm and the hub
 
 def timm_skeleton(name: str) -> nn.Module:
@@ -381,7 +294,7 @@ def download_timm(name: str) -> nn.Module:
     try:
         return timm.create_model(arch, pretrained=True)
     except Exception as exc:  # any download or hub failure becomes one line
-        raise CheckpointError(f"could not load {name!r} through timm ({_first_line(exc)}); download the weights "
+        raise CheckpointError(f"could not load {name!r} through timm ({first_line(exc)}); download the weights "
                               f"elsewhere and pass the file: load_pretrained({name!r}, 'model.safetensors')") from None
 
 

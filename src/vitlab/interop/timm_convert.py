@@ -1,4 +1,5 @@
-"""timm <-> vitlab: ``from_timm`` / ``to_timm``, the :class:`ModelConfig` of a timm model or of a bare state
+"""timm <-> vitlab: ``to_timm`` (``from_timm`` lives beside the state-dict adaptation it needs, in
+:mod:`vitlab.interop.pretrained`), the :class:`ModelConfig` of a timm model or of a bare state
 dict, and the state-dict maps between the two layouts.
 
 Parameter names are shared (``patch_embed.proj``, ``blocks.{i}.attn.qkv``, ``ls1.gamma``, CaiT's ``gamma_1``...),
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 from timm.layers import Attention as TimmAttention
 from timm.layers import DropPath
@@ -33,8 +35,9 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import Tensor, nn
 
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.layers import ReAttention, ScalarGate, cait_init_value, drop_path_rates
-from vitlab.models import ModelConfig, VitlabModel, build_model
+from vitlab.layers import ReAttention, ScalarGate, drop_path_rates
+from vitlab.models import ModelConfig, VitlabModel
+from vitlab.models.cait import PRESETS as CAIT_PRESETS
 
 _EPS = 1e-6  # vitlab's LayerNorm / RMSNorm eps, as timm's ViT and CaiT
 
@@ -223,13 +226,27 @@ def _cait_fields(m: nn.Module) -> tuple[dict, tuple]:
         in_chans=m.patch_embed.proj.in_channels, num_classes=_num_classes(m.head), embed_dim=dim,
         depth=len(blocks), num_heads=b0.attn.num_heads, mlp_ratio=_ratio(b0.mlp.fc1.out_features, dim),
         qkv_bias=b0.attn.qkv.bias is not None, norm=norm,
-        init_values=cait_init_value(len(blocks)), depth_token_only=len(cls_blocks),
+        init_values=_cait_init(m, blocks + cls_blocks), depth_token_only=len(cls_blocks),
         mlp_ratio_token_only=_ratio(cls_blocks[0].mlp.fc1.out_features, dim) if cls_blocks else 4.0,
         global_pool=m.global_pool if m.global_pool in ("token", "avg") else "token",
     )
     drops = (m.head_drop.p, m.pos_drop.p, b0.attn.proj_drop.p, b0.attn.attn_drop.p,
              [_drop_prob(b.drop_path) for b in blocks])
     return fields, drops
+
+
+def _cait_init(m: nn.Module, blocks: list[nn.Module]) -> float | None:
+    """The LayerScale init timm built CaiT ``m`` with (timm does not store it): the gammas while they all
+    still hold one value (an untrained model), else the value timm's preset of that name passes (vitlab's
+    CaiT presets hold the same values), else None: not shown, so the depth rule."""
+    gammas = [g for b in blocks for g in (b.gamma_1, b.gamma_2)]
+    if gammas and not any(g.is_meta for g in gammas):
+        first = gammas[0].detach().flatten()[0]
+        if all(torch.all(g.detach() == first) for g in gammas):
+            return float(str(np.float32(first.float().item())))  # 1e-05, not 9.99999974738e-06
+    arch = (getattr(m, "pretrained_cfg", None) or {}).get("architecture") or ""
+    preset = CAIT_PRESETS.get(re.sub(r"_\d+$", "", arch), {})
+    return preset.get("init_values")
 
 
 def _drop_fields(head: float, pos: float, proj: float, attn: float, rates: list[float], *, arch: str,
@@ -272,11 +289,15 @@ def _ratio(hidden: int, dim: int) -> float:
 
 # ---------------------------------------------------------------- state dict -> ModelConfig
 
-def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = None) -> ModelConfig:
-    """Infer a ViT or CaiT config from the shapes of a timm/vitlab state dict.
+def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = None,
+                           global_pool: str | None = None) -> ModelConfig:
+    """Infer a ViT or CaiT config from the keys and shapes of a timm/vitlab state dict: only what they prove.
 
-    Everything but the number of heads shows in the shapes; heads are read from QK-norm weights or CaiT's
-    talking-heads, else ``num_heads`` must be given.
+    The number of heads shows only in QK-norm weights or CaiT's talking heads, else ``num_heads`` must be
+    given. A ViT's pooling never shows when it has a class token (``fc_norm`` goes with either pooling), so
+    ``global_pool`` must be given; without a class token it is ``'avg'``. CaiT pools its class token (its
+    class-attention blocks feed nothing else) unless ``global_pool`` says otherwise. LayerScale init values
+    do not show in trained weights: a CaiT is recorded with ``init_values=None`` (the depth rule).
     """
     pe = state.get("patch_embed.proj.weight")
     if pe is None or pe.ndim != 4:
@@ -294,29 +315,36 @@ def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = 
         heads = state["blocks.0.attn.proj_l.weight"].shape[0]
     if heads is None and "blocks.0.attn.q_norm.weight" in state:
         heads = dim // state["blocks.0.attn.q_norm.weight"].shape[0]
-    if heads is None:
-        raise CheckpointError(f"a ViT state dict (embed_dim {dim}, depth {depth}) does not show its number of heads; "
-                              f"say which model it is: load_pretrained('timm:NAME' or a vitlab preset, path) or "
-                              f"`vitlab convert IN OUT --model NAME` (e.g. --model timm:vit_small_patch16_224)")
     cls_token = "cls_token" in state
+    if global_pool is None:
+        global_pool = "token" if cait else None if cls_token else "avg"
+    unknown = [what for what, missing in (("its number of heads (pass num_heads=N)", heads is None),
+                                          ("its pooling, since fc_norm goes with either (pass global_pool='token' "
+                                           "or 'avg')", global_pool is None)) if missing]
+    if unknown:
+        raise CheckpointError(f"a ViT state dict (embed_dim {dim}, depth {depth}) does not show {' nor '.join(unknown)}"
+                              f"; give it to load_pretrained(None, path, ...) or say which model it is: "
+                              f"load_pretrained('timm:NAME' or a vitlab preset, path) or `vitlab convert IN OUT "
+                              f"--model NAME` (e.g. --model timm:vit_small_patch16_224)")
     reg = state["reg_token"].shape[1] if "reg_token" in state else 0
     f = dict(arch="cait" if cait else "vit", embed_dim=dim, in_chans=in_chans, patch_size=patch, depth=depth,
              num_heads=heads, mlp_ratio=_ratio(fc1.shape[0], dim), qkv_bias="blocks.0.attn.qkv.bias" in state,
              norm="layernorm" if "blocks.0.norm1.bias" in state else "rmsnorm",
-             num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, class_token=cls_token)
+             num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, class_token=cls_token,
+             global_pool=global_pool)
     pos = state.get("pos_embed")
     slots = 0
     if cait:
         cls_fc1 = state.get("blocks_token_only.0.mlp.fc1.weight")
-        f.update(attn="talking_heads", gate="layerscale", pos_embed_cls=False, init_values=cait_init_value(depth),
+        f.update(attn="talking_heads", gate="layerscale", pos_embed_cls=False, init_values=None,
                  depth_token_only=1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks_token_only.")),
                  mlp_ratio_token_only=_ratio(cls_fc1.shape[0], dim) if cls_fc1 is not None else 4.0)
     else:
         f.update(mlp="swiglu" if "blocks.0.mlp.fc1_g.weight" in state else "gelu",
                  qk_norm="blocks.0.attn.q_norm.weight" in state, reg_tokens=reg,
-                 gate="layerscale" if {"blocks.0.ls1.gamma", "blocks.0.gamma_1"} & set(state) else "none",
-                 global_pool="avg" if "fc_norm.weight" in state or not cls_token else "token",
-                 fc_norm=False if not cls_token and "fc_norm.weight" not in state else None)
+                 gate="layerscale" if {"blocks.0.ls1.gamma", "blocks.0.gamma_1"} & set(state) else "none")
+        fc_norm = "fc_norm.weight" in state  # the keys prove where the final norm sits, not the pooling
+        f["fc_norm"] = None if fc_norm == (global_pool == "avg") else fc_norm
         if pos is not None:
             prefix = int(cls_token) + reg + int("dist_token" in state)
             f["pos_embed_cls"] = _is_square(pos.shape[1] - prefix)
@@ -367,7 +395,7 @@ def timm_model_for(model: VitlabModel) -> nn.Module:
     """A freshly initialised timm model with ``model``'s architecture."""
     cfg = model.cfg
     gated = cfg.gate in ("layerscale", "scalar", "skipinit")
-    init = cfg.init_values if cfg.gate == "layerscale" and cfg.init_values else 1e-4
+    init = cfg.gate_init_value() if cfg.gate == "layerscale" and cfg.gate_init_value() else 1e-4
     common = dict(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                   num_classes=cfg.num_classes, global_pool=cfg.global_pool, embed_dim=cfg.embed_dim,
                   depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
@@ -489,24 +517,7 @@ def from_timm_state_dict(state: dict[str, Tensor], model: VitlabModel) -> dict[s
     return state
 
 
-# ---------------------------------------------------------------- the two directions
-
-def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
-    """The vitlab model equivalent to ``timm_model`` (timm's ``VisionTransformer`` or ``Cait``), carrying its
-    weights; same device, dtype and train/eval mode.
-
-    ``overrides`` are :class:`ModelConfig` fields; ``img_size``, ``patch_size``, ``in_chans`` and
-    ``num_classes`` adapt the weights as :func:`vitlab.load_pretrained` does.
-    """
-    from vitlab.interop.pretrained import adapt_state_dict
-
-    model = build_model(config_from_timm(timm_model, **overrides))
-    model.load_state_dict(adapt_state_dict(timm_model.state_dict(), model))
-    p = next(timm_model.parameters(), None)
-    if p is not None:
-        model.to(device=p.device, dtype=p.dtype)
-    return model.train(timm_model.training)
-
+# ---------------------------------------------------------------- vitlab -> timm
 
 def to_timm(model: VitlabModel) -> nn.Module:
     """The timm ``VisionTransformer`` or ``Cait`` equivalent to ``model``, carrying its weights; same device,

@@ -1,4 +1,4 @@
-"""Multi-head self-attention (seed 003) with a fused SDPA path and an explicit path that returns maps.
+"""Multi-head self-attention (Dosovitskiy et al. 2021) with a fused SDPA path and an explicit path that returns maps.
 
 Options: qkv bias, QK-norm (ViT-5), talking heads (CaiT: head mixing before and after the softmax) and
 2-D RoPE (ViT-5). Every attention kind in vitlab derives from :class:`AttentionBase`, so

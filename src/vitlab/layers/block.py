@@ -47,7 +47,7 @@ class ResidualGates:
 
     def _residual(self, i: int, x: Tensor, y: Tensor) -> Tensor:
         if self._param_gates:
-            branch = y * (self.gamma_1 if i == 1 else self.gamma_2)
+            branch = y * (self.gamma_1 if i == 1 else self.gamma_2).to(y.dtype)
         else:
             branch = (self.ls1 if i == 1 else self.ls2)(y)
         if self._ratios is not None:

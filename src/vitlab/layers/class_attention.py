@@ -1,4 +1,4 @@
-"""CaiT class-attention (seed 000): only the class token queries; keys and values are all tokens."""
+"""CaiT class-attention (Touvron et al. 2021): only the class token queries; keys and values are all tokens."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
-from vitlab.perf import slice_generator
+from vitlab.slice_rng import slice_generator
 
 __all__ = ["DropPath", "drop_path_rates", "DROP_PATH_RULES"]
 

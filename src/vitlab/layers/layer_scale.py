@@ -35,7 +35,7 @@ class LayerScale(nn.Module):
                 f"LayerScale expects a channels-last input whose last dim is {self.dim}, got shape "
                 f"{tuple(x.shape)}; move the channel axis last (e.g. x.permute(0, 2, 3, 1) for (B, C, H, W))"
             )
-        return x * self.gamma
+        return x * self.gamma.to(x.dtype)  # the output keeps x's dtype (bf16/fp16 stay so)
 
     def flop_count(self, num_tokens: int, *, matmul_only: bool = False) -> int:
         """One multiply per element: ``num_tokens * dim`` (0 when only matmul-like ops are asked for)."""
@@ -58,7 +58,7 @@ class ScalarGate(nn.Module):
         nn.init.constant_(self.alpha, self.init_value)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * self.alpha
+        return x * self.alpha.to(x.dtype)
 
     def flop_count(self, num_tokens: int, dim: int = 0, *, matmul_only: bool = False) -> int:
         return 0 if matmul_only else num_tokens * dim
@@ -68,7 +68,7 @@ class ScalarGate(nn.Module):
 
 
 def cait_init_value(depth: int) -> float:
-    """LayerScale init from the CaiT depth rule (seed 001): 0.1 up to depth 18, 1e-5 up to 24, 1e-6 deeper."""
+    """LayerScale init from CaiT's depth rule (Touvron et al. 2021): 0.1 up to depth 18, 1e-5 up to 24, 1e-6 deeper."""
     if depth <= 0:
         raise ConfigError(f"depth must be positive, got {depth}")
     if depth <= 18:

@@ -9,7 +9,7 @@ MLPS = ("gelu", "swiglu")
 
 
 class Mlp(nn.Module):
-    """``fc2(GELU(fc1(x)))`` (seed 003's MLP)."""
+    """``fc2(GELU(fc1(x)))`` (the ViT MLP, Dosovitskiy et al. 2021)."""
 
     def __init__(self, dim: int, hidden_dim: int, *, bias: bool = True, drop: float = 0.0) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Position embeddings: seed 003's 1-D sinusoid, 2-D sin-cos, learned, or none."""
+"""Position embeddings: the Transformer's 1-D sinusoid, 2-D sin-cos, learned, or none."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ POS_EMBEDS = ("learned", "sincos1d", "sincos2d", "none")
 
 
 def sincos_1d(num_positions: int, dim: int, temperature: float = 10000.0) -> Tensor:
-    """Seed 003's table, ``(num_positions, dim)``: with ``i`` the position and ``j`` the channel,
+    """The Transformer's sinusoid table, ``(num_positions, dim)``: with ``i`` the position and ``j`` the channel,
     ``PE(i, j) = sin(i / T^(j/d))`` for even ``j`` and ``cos(i / T^((j-1)/d))`` for odd ``j``."""
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
     j = torch.arange(dim, dtype=torch.float64)[None, :]  # (1, d)
@@ -51,7 +51,7 @@ def grid_hw(grid_size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 def build_pos_embed(kind: str, *, grid_size: int | tuple[int, int], dim: int, num_prefix: int) -> Tensor | None:
     """Initial table ``(1, num_prefix + grid_h * grid_w, dim)`` (``num_prefix`` 1 for a class slot, else 0).
 
-    ``sincos1d`` numbers the class slot 0 and the patches 1..N (seed 003); ``sincos2d`` gives the class
+    ``sincos1d`` numbers the class slot 0 and the patches 1..N; ``sincos2d`` gives the class
     slot zeros; ``learned`` is drawn N(0, 0.02) by the caller's init; ``none`` returns None.
     """
     gh, gw = grid_hw(grid_size)

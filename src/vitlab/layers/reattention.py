@@ -1,4 +1,4 @@
-"""DeepViT re-attention (seed 004): a learnable heads x heads mix of the softmaxed maps, then a norm."""
+"""DeepViT re-attention (Zhou et al. 2021): a learnable heads x heads mix of the softmaxed maps, then a norm."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ class ReAttention(AttentionBase):
 
     ``norm='batch'`` is BatchNorm over the head channels (the official code), ``'layer'`` LayerNorm over
     the heads at each position (vit-pytorch). ``scale=True`` multiplies the re-attended map by
-    ``head_dim ** -0.5`` as the official ``apply_transform_scale`` option does. Mixing before the values
-    cannot be fused, so this module always takes the explicit path.
+    ``head_dim ** -0.5`` as the official ``apply_transform_scale`` option does. Attention dropout acts on the
+    softmaxed maps before the head mix, as in the DeepViT code and vit-pytorch's ``deepvit.py``. Mixing
+    before the values cannot be fused, so this module always takes the explicit path.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, *, qkv_bias: bool = True, norm: str = "batch",
@@ -52,6 +53,7 @@ class ReAttention(AttentionBase):
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, d)
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
+        attn = self.attn_drop(attn)  # on the softmax maps, before the head mix, as both reference codes do
         attn = torch.einsum("bhij,hg->bgij", attn, self.reattn_weights)
         if self.norm_kind == "batch":
             attn = self.reattn_norm(attn)
@@ -59,7 +61,7 @@ class ReAttention(AttentionBase):
             attn = self.reattn_norm(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         attn = attn * self.reattn_scale
         self._record(attn)
-        x = (self.attn_drop(attn) @ v).transpose(1, 2).reshape(B, T, C)
+        x = (attn @ v).transpose(1, 2).reshape(B, T, C)  # (B, H, T, d) -> (B, T, C)
         return self.proj_drop(self.proj(x))
 
     def flop_count(self, num_tokens: int, *, matmul_only: bool = False, rope: bool = False) -> int:

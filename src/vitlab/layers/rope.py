@@ -51,7 +51,9 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
-    """Rotate ``x`` ``(B, H, T, d)`` by the ``(2, T, d)`` table (cos, sin): ``x cos + rotate_half(x) sin``."""
+    """Rotate ``x`` ``(B, H, T, d)`` by the ``(2, T, d)`` table (cos, sin): ``x cos + rotate_half(x) sin``.
+    The output keeps ``x``'s dtype (the table is cast to it)."""
+    rope = rope.to(x.dtype)
     if torch.is_grad_enabled() and x.requires_grad:
         return x * rope[0] + rotate_half(x) * rope[1]
     # without autograd: three passes instead of five (no negated copy, no concatenation), the same sums;

@@ -58,7 +58,7 @@ class VitlabModel(nn.Module):
         return list(maps)
 
     def residual_ratios(self, x: Tensor) -> list[dict[str, Tensor]]:
-        """Per gated block, ``{"attn": (B,), "mlp": (B,)}`` = ``||gate(branch(x))||_2 / ||x||_2`` (seed 000)."""
+        """Per gated block, ``{"attn": (B,), "mlp": (B,)}`` = ``||gate(branch(x))||_2 / ||x||_2`` (CaiT)."""
         with record_residuals(self.modules()) as ratios:
             self.forward(x)
         return list(ratios)

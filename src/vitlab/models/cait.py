@@ -1,4 +1,4 @@
-"""CaiT (Touvron et al., 2021; seed 000): LayerScale self-attention blocks on the patches, then
+"""CaiT (Touvron et al., 2021): LayerScale self-attention blocks on the patches, then
 class-attention blocks where only the class token queries.
 
 Parameter names follow timm's ``Cait``: ``patch_embed.proj``, ``pos_embed`` (patches only), ``cls_token``,
@@ -23,7 +23,8 @@ from vitlab.models.vit import make_blocks
 _CAIT = dict(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False,
              drop_path_rule="uniform", depth_token_only=2)
 
-# CaiT paper, Table 1 (dims, depth, heads) and the LayerScale init of each depth
+# CaiT paper, Table 1 (dims, depth, heads) and the LayerScale init of each variant as timm and the official code
+# set it (cait_xxs36: 1e-5, not the depth rule's 1e-6); a depth override re-derives it (registry.get_config)
 PRESETS: dict[str, dict] = {
     "cait_xxs24": dict(_CAIT, embed_dim=192, depth=24, num_heads=4, init_values=1e-5),
     "cait_xxs36": dict(_CAIT, embed_dim=192, depth=36, num_heads=4, init_values=1e-5),
@@ -61,7 +62,7 @@ class Cait(ResizableInput, VitlabModel):
         norm = norm_layer(cfg.norm)
         self.blocks_token_only = nn.ModuleList([
             ClassAttentionBlock(dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio_token_only, qkv_bias=cfg.qkv_bias,
-                                norm_layer=norm, gate=cfg.gate, init_values=cfg.init_values,
+                                norm_layer=norm, gate=cfg.gate, init_values=cfg.gate_init_value(),
                                 timm_names=True)
             for _ in range(cfg.depth_token_only)])
         self.norm = norm(dim)

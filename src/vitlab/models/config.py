@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.layers import DROP_PATH_RULES, GATES, MLPS, NORMS, POS_EMBEDS, REATTN_NORMS
+from vitlab.layers import DROP_PATH_RULES, GATES, MLPS, NORMS, POS_EMBEDS, REATTN_NORMS, cait_init_value
 
 ARCHS = ("vit", "cait")
 ATTNS = ("mhsa", "talking_heads", "reattention")
@@ -21,7 +21,15 @@ REG_POSITIONS = ("front", "end")
 
 @dataclass
 class ModelConfig:
-    """Architecture of a vitlab model. ``arch='vit'`` covers ViT, DeepViT and ViT-5; ``'cait'`` is CaiT."""
+    """Architecture of a vitlab model. ``arch='vit'`` covers ViT, DeepViT and ViT-5; ``'cait'`` is CaiT.
+
+    ``init_values`` is the initial value of the LayerScale / small-eps scalar gates. An explicit value is
+    always kept. ``None`` means the default: for ``arch='cait'`` the CaiT depth rule (Touvron et al. 2021:
+    0.1 up to depth 18, 1e-5 up to 24, 1e-6 deeper) at this config's own ``depth``, so a depth change
+    re-derives it; for ``arch='vit'`` 1e-4. :meth:`gate_init_value` gives the value a model is built with.
+    The CaiT presets pin timm's values (``cait_xxs36``: 1e-5); overriding a CaiT preset's ``depth`` without
+    ``init_values`` drops the pin and the depth rule applies at the new depth.
+    """
 
     arch: str = "vit"
     name: str = ""
@@ -62,6 +70,13 @@ class ModelConfig:
     mlp_ratio_token_only: float = 4.0
     dynamic_img_size: bool = False  # forward takes any H, W multiple of the patch; positions follow that grid
     dynamic_img_pad: bool = False  # pad the right/bottom edge to a multiple of the patch (needs dynamic_img_size)
+
+    def gate_init_value(self) -> float | None:
+        """The gate init the model is built with: ``init_values`` when set, else CaiT's depth rule at ``depth``
+        for ``arch='cait'``, else None (the gates' own default, 1e-4)."""
+        if self.init_values is not None:
+            return self.init_values
+        return cait_init_value(self.depth) if self.arch == "cait" else None
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -1,4 +1,4 @@
-"""DeepViT (Zhou et al., 2021; seed 004): a ViT whose blocks use re-attention to fight attention collapse.
+"""DeepViT (Zhou et al., 2021): a ViT whose blocks use re-attention to fight attention collapse.
 
 A configuration of :class:`vitlab.models.vit.VisionTransformer`; ``deepvit_s``/``deepvit_l`` use the
 official code's convolutional stem and re-attention only in their last blocks.

@@ -6,6 +6,8 @@ sin-cos table is recomputed for the new grid, and a new patch size resamples the
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
@@ -70,8 +72,9 @@ class ResizableInput:
         self.patch_embed.set_input_size(img, patch)
         self.grid_size, self.num_patches = self.patch_embed.grid_size, self.patch_embed.num_patches
         self.cfg = cfg
-        if isinstance(getattr(self, "vitlab_spec", None), dict) and "timm" not in self.vitlab_spec:
-            self.vitlab_spec = cfg.to_dict()  # what a checkpoint of this model records
+        spec = getattr(self, "vitlab_spec", None)
+        if isinstance(getattr(spec, "config", None), ModelConfig):
+            self.vitlab_spec = dataclasses.replace(spec, config=cfg)  # what a checkpoint of this model records
         self._input_size_changed()
         old = dict(getattr(self, "pretrained_cfg", None) or {})
         set_pretrained_cfg(self, {**old, "input_size": (cfg.in_chans, img, img)})

@@ -26,7 +26,12 @@ def get_config(name: str, **overrides) -> ModelConfig:
         close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"unknown model {name!r}{hint} (`vitlab models` lists all {len(PRESETS)} presets)")
-    return ModelConfig(name=name).replace(**{**PRESETS[name], **overrides})
+    preset = PRESETS[name]
+    if (preset.get("arch") == "cait" and "init_values" not in overrides
+            and overrides.get("depth", preset.get("depth")) != preset.get("depth")):
+        # a CaiT preset's LayerScale init belongs to its own depth: at another depth the depth rule applies
+        preset = {k: v for k, v in preset.items() if k != "init_values"}
+    return ModelConfig(name=name).replace(**{**preset, **overrides})
 
 
 def build_model(cfg: ModelConfig) -> VitlabModel:

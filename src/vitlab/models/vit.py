@@ -1,4 +1,4 @@
-"""The Vision Transformer (seed 003), assembled from parts; DeepViT and ViT-5 are configurations of it.
+"""The Vision Transformer (Dosovitskiy et al. 2021), assembled from parts; DeepViT and ViT-5 are configurations of it.
 
 Token layout: ``[cls?, registers (front)?, patches, registers (end)?]``. Parameter names follow timm's
 ``VisionTransformer``: ``patch_embed.proj``, ``cls_token``, ``reg_token``, ``pos_embed``,
@@ -29,7 +29,7 @@ from vitlab.models.input_size import ResizableInput
 from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
 
 PRESETS: dict[str, dict] = {
-    # seed 003's from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
+    # a from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
     "vit_mnist": dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=8,
                       num_heads=8, mlp_ratio=4.0, pos_embed="sincos1d"),
     # ViT (Dosovitskiy et al., 2021) / DeiT sizes
@@ -58,7 +58,7 @@ def make_blocks(cfg: ModelConfig, timm_names: bool = False) -> nn.ModuleList:
         attn_layer, attn_kwargs = block_attention(cfg, i)
         blocks.append(Block(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, attn_layer=attn_layer,
                             attn_kwargs=attn_kwargs, mlp_layer=mlp_layer(cfg.mlp), norm_layer=norm_layer(cfg.norm),
-                            gate=cfg.gate, init_values=cfg.init_values, drop_path=rates[i],
+                            gate=cfg.gate, init_values=cfg.gate_init_value(), drop_path=rates[i],
                             proj_drop=cfg.drop_rate, timm_names=timm_names))
     return nn.ModuleList(blocks)
 

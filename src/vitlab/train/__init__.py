@@ -1,10 +1,11 @@
-"""Training: the run config, the engine (one process or ``torchrun``), checkpoints, evaluation.
+"""Training: the run config, the engine (one process or ``torchrun``), evaluation.
 
-``train(RunConfig(...))`` runs what ``vitlab train`` runs; ``save_checkpoint`` / ``load_model`` /
-``read_config`` / ``load_train_state`` are the checkpoint contract other modules build on.
+``train(RunConfig(...))`` runs what ``vitlab train`` runs. Checkpoints are read and written by
+:mod:`vitlab.checkpoint` (``save_checkpoint`` / ``load_model`` / ``read_config`` / ``load_train_state``, re-exported
+here).
 """
 
-from vitlab.train.checkpoint import load_model, load_train_state, read_config, save_checkpoint
+from vitlab.checkpoint import load_model, load_train_state, read_config, save_checkpoint
 from vitlab.train.config import RunConfig
 from vitlab.train.engine import NonFiniteLoss, Trainer, TrainResult, train
 from vitlab.train.evaluate import evaluate

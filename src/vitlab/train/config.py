@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
+
+__all__ = ["AUGMENT_DEFAULTS", "NO_AUGMENT", "RunConfig", "canonical_dataset", "coerce", "load_yaml",
+           "model_defaults", "size_defaults"]
 
 # Training recipe by number of training images (the first row whose bound is >= N applies).
 # The small-data row is tuned on mnist-5k (4,000 digits) with vit_mnist: batch 64 beat 128 and drop-path 0
@@ -39,6 +43,9 @@ AUGMENT_DEFAULTS: dict[str, dict[str, Any]] = {
     "natural": dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.25, hflip=True,
                     pad_crop=4, trivial_augment=False, mixup=0.0, cutmix=0.0),
 }
+# what --no-augment sets: every augmentation off
+NO_AUGMENT: dict[str, Any] = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0,
+                                  hflip=False, pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0)
 DATA_KIND = {"mnist": "digits", "mnist-5k": "digits", "fashion-mnist": "digits", "cifar10": "natural",
              "cifar100": "natural", "imagefolder": "natural"}
 
@@ -146,16 +153,6 @@ class RunConfig:
             raise ConfigError(f"unknown drop_path_rule {self.drop_path_rule!r}; choose uniform or linear")
         if self.scale is not None and not 0 < self.scale[0] <= self.scale[1]:
             raise ConfigError(f"scale {self.scale} must be two numbers 0 < low <= high, e.g. 0.9 1.1")
-
-
-_DATASET_ALIASES = {"mnist5k": "mnist-5k", "fashionmnist": "fashion-mnist", "cifar-10": "cifar10",
-                    "cifar-100": "cifar100", "image-folder": "imagefolder"}
-
-
-def canonical_dataset(name: str) -> str:
-    """``MNIST_5k`` -> ``mnist-5k`` etc. (unknown names pass through; loading them names the choices)."""
-    key = name.strip().lower().replace("_", "-")
-    return _DATASET_ALIASES.get(key.replace("-", ""), _DATASET_ALIASES.get(key, key))
 
 
 def size_defaults(num_train: int) -> dict[str, Any]:

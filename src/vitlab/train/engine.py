@@ -21,24 +21,23 @@ import torch
 from torch import nn
 
 from vitlab import perf
+from vitlab.checkpoint import (
+    CONFIG,
+    STATE,
+    save_checkpoint,
+    weights_of,
+)
 from vitlab.data import DataSplit, load_dataset, normalization
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.train.batches import BatchPipeline, epoch_order, subset
-from vitlab.train.checkpoint import (
-    CONFIG,
-    STATE,
-    load_train_state,
-    read_config,
-    save_checkpoint,
-    state_mismatch,
-    weights_of,
-)
-from vitlab.train.config import RunConfig, canonical_dataset, model_defaults
+from vitlab.train.config import RunConfig, canonical_dataset
 from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
 from vitlab.train.evaluate import autocast, evaluate
 from vitlab.train.logging import METRICS, RunLogger
-from vitlab.train.models import create_for_run, is_timm, model_input, model_macs, spec_label, spec_of, token_count
 from vitlab.train.optim import WarmupCosine, build_optimizer
+from vitlab.train.progress import Progress
+from vitlab.train.resume import Resume
+from vitlab.train.run_model import create_for_run, model_input, model_macs, run_model_overrides, token_count
 from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
 
@@ -67,17 +66,6 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None,
         ctx.close()
 
 
-def resume_config(resume: str | Path, changes: dict[str, Any]) -> RunConfig:
-    """The run config stored in checkpoint ``resume`` with ``changes`` (CLI flags) applied."""
-    run = read_config(resume).get("run")
-    if not isinstance(run, dict):
-        raise CheckpointError(f"{resume}/{CONFIG} holds no run config to resume; start a new run")
-    stored = RunConfig.from_dict({k: v for k, v in run.items() if k != "data"}, f"{resume}/{CONFIG}")
-    # a resumed run continues in the folder it was resumed from (which may have been moved or copied), not in the
-    # output path recorded when it started; --output still sends it elsewhere
-    return stored.replace(**{"output": str(resume), **changes})
-
-
 def default_output(cfg: RunConfig) -> Path:
     name = cfg.model.replace(":", "-").replace("/", "-")
     return Path("runs") / f"{name}_{cfg.dataset}_{time.strftime('%Y%m%d-%H%M%S')}"
@@ -91,13 +79,12 @@ class Trainer:
         self.ctx, self.on_step, self.stop = ctx, on_step, StopRequest()
         self.device = ctx.device
         cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
-        state = load_train_state(resume) if resume is not None else None
+        resumed = Resume.load(resume) if resume is not None else None
         img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
-        if state is not None:  # refuse another architecture before loading any data
-            classes = (read_config(resume).get("run") or {}).get("data", {}).get("classes") or []
-            probe = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(classes), img_size=img_size,
-                                   in_chans=in_chans)
-            self._check_architecture(probe, state, resume)
+        if resumed is not None:  # refuse another architecture before loading any data
+            probe = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(resumed.classes),
+                                   img_size=img_size, in_chans=in_chans)
+            resumed.check_architecture(probe)
         self.out_dir = self._output_dir(cfg, resume)
         if not ctx.is_main:  # rank 0 downloads first
             ctx.barrier()
@@ -107,7 +94,7 @@ class Trainer:
             ctx.barrier()
         train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
         cfg = cfg.resolve(len(train_split))
-        cfg = cfg.replace(model_overrides=self._model_overrides(cfg))
+        cfg = cfg.replace(model_overrides=run_model_overrides(cfg))
         check_batch(cfg.batch_size, ctx)
         self.steps_per_epoch = len(train_split) // cfg.batch_size
         if self.steps_per_epoch == 0:
@@ -140,13 +127,11 @@ class Trainer:
         self.criterion = self._criterion()
         self.amp_dtype = torch.bfloat16 if cfg.amp == "bf16" or (cfg.amp == "auto" and self.device.type == "cuda") \
             else None
-        self.progress = dict(epoch=0, step=0, global_step=0, loss_sum=0.0, seen=0, epoch_seconds=0.0,
-                             best_test_acc=0.0, best_epoch=0, train_time_s=0.0, wall_time_s=0.0,
-                             train_images=0, skipped_steps=0, test_loss=None, test_acc=None)
+        self.progress = Progress()
         self._stop_votes = 0.0
         self._clock = time.perf_counter()
-        if state is not None:
-            self._restore(state, resume)
+        if resumed is not None:
+            self._restore(resumed)
         self._prepare_output(resume)
         self.train_model = self._wrap(self.model)
 
@@ -192,20 +177,6 @@ class Trainer:
             torch.set_num_threads(1 if macs < SMALL_MODEL_MACS else max(1, (os.cpu_count() or 1) // local))
         return slices
 
-    @staticmethod
-    def _model_overrides(cfg: RunConfig) -> dict[str, Any]:
-        """The effective model options: data-set defaults (vitlab ViTs), the drop-path flags, the user's."""
-        overrides = dict(cfg.model_overrides)
-        if not is_timm(cfg.model):
-            from vitlab.models import get_config
-
-            if get_config(cfg.model, **overrides).arch == "vit":
-                overrides = {**model_defaults(cfg.dataset), **overrides}
-        overrides.setdefault("drop_path_rate", cfg.drop_path)
-        if cfg.drop_path_rule is not None:
-            overrides.setdefault("drop_path_rule", cfg.drop_path_rule)
-        return overrides
-
     def _to_device(self, split: DataSplit) -> DataSplit:
         return DataSplit(split.images.to(self.device), split.labels.to(self.device), split.classes)
 
@@ -244,17 +215,9 @@ class Trainer:
             if src.is_file():
                 shutil.copyfile(src, self.out_dir / METRICS)
 
-    @staticmethod
-    def _check_architecture(model: nn.Module, state: dict[str, Any], resume: str | Path) -> None:
-        problem = state_mismatch(model.state_dict(), state["model"])
-        if problem:
-            saved = read_config(resume)["model"]
-            raise CheckpointError(f"cannot resume {resume}: it holds a {spec_label(saved)} model but this run "
-                                  f"builds a {spec_label(spec_of(model))} model: {problem}; resume without "
-                                  "--model / model flags, or start a new run")
-
-    def _restore(self, state: dict[str, Any], resume: str | Path) -> None:
-        self._check_architecture(self.model, state, resume)
+    def _restore(self, resumed: Resume) -> None:
+        state, resume = resumed.state, resumed.path
+        resumed.check_architecture(self.model)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -263,7 +226,7 @@ class Trainer:
                 raise CheckpointError(f"{resume}/{STATE} has no EMA weights but this run uses --ema-decay; "
                                       "resume with --ema-decay 0")
             self.ema.module.load_state_dict(state["ema"])
-        self.progress.update({k: state["progress"][k] for k in self.progress if k in state["progress"]})
+        self.progress.restore(state["progress"])
 
     # ------------------------------------------------------------------------------------------ state
 
@@ -279,7 +242,7 @@ class Trainer:
         return {"model": weights_of(self.model), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "ema": weights_of(self.ema.module) if self.ema is not None else None,
-                "progress": dict(self.progress), "rng": torch.get_rng_state()}
+                "progress": self.progress.to_dict(), "rng": torch.get_rng_state()}
 
     def save(self) -> None:
         if self.ctx.is_main:
@@ -291,14 +254,14 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg, p = self.cfg, self.progress
-        logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p["epoch"]) \
+        logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch) \
             if self.ctx.is_main else None
         if self.ctx.is_main:
             self._announce()
         try:
             with self.stop:
-                while p["epoch"] < cfg.epochs:
-                    if not self._run_epoch(logger) and p["epoch"] < cfg.epochs:
+                while p.epoch < cfg.epochs:
+                    if not self._run_epoch(logger) and p.epoch < cfg.epochs:
                         return self._interrupted()
             summary = self.summary()
             if logger is not None:
@@ -323,28 +286,28 @@ class Trainer:
     def _run_epoch(self, logger: RunLogger | None) -> bool:
         """Train the rest of the current epoch, evaluate, log and save; False when a stop was requested."""
         cfg, p = self.cfg, self.progress
-        epoch = p["epoch"]
+        epoch = p.epoch
         self._clock = time.perf_counter()
         order = epoch_order(len(self.train_data), cfg.seed, epoch).to(self.device)
-        bar = logger.bar(epoch=epoch + 1, epochs=cfg.epochs, total=self.steps_per_epoch, initial=p["step"]) \
+        bar = logger.bar(epoch=epoch + 1, epochs=cfg.epochs, total=self.steps_per_epoch, initial=p.step) \
             if logger else None
         self.train_model.train()
         try:
-            while p["step"] < self.steps_per_epoch:
+            while p.step < self.steps_per_epoch:
                 start = time.perf_counter()
-                loss = self._train_step(epoch, p["step"], order)
-                p["train_time_s"] += time.perf_counter() - start
+                loss = self._train_step(epoch, p.step, order)
+                p.train_time_s += time.perf_counter() - start
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.scheduler.get_last_lr():.2e}",
-                                    img_s=f"{p['train_images'] / max(p['train_time_s'], 1e-9):.0f}", refresh=False)
+                                    img_s=f"{p.train_images / max(p.train_time_s, 1e-9):.0f}", refresh=False)
                 if self.on_step is not None:
                     self.on_step(self)
                 if self._stop_agreed():
                     self._tick()
                     self.save()
                     return False
-                if cfg.checkpoint_every and p["global_step"] % cfg.checkpoint_every == 0:
+                if cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0:
                     self._tick()
                     self.save()
         finally:
@@ -354,13 +317,10 @@ class Trainer:
                            batch_size=cfg.eval_batch_size, device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx,
                            slices=self.slices)
         self._tick()
-        row = {"epoch": epoch + 1, "step": p["global_step"], "train_loss": p["loss_sum"] / max(p["seen"], 1),
+        row = {"epoch": epoch + 1, "step": p.global_step, "train_loss": p.loss_sum / max(p.seen, 1),
                "test_loss": metrics["loss"], "test_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
-               "seconds": p["epoch_seconds"]}
-        if metrics["acc"] > p["best_test_acc"]:
-            p["best_test_acc"], p["best_epoch"] = metrics["acc"], epoch + 1
-        p.update(epoch=epoch + 1, step=0, loss_sum=0.0, seen=0, epoch_seconds=0.0, test_loss=metrics["loss"],
-                 test_acc=metrics["acc"])
+               "seconds": p.epoch_seconds}
+        p.end_epoch(metrics["loss"], metrics["acc"])
         if logger is not None:
             logger.log_epoch(row)
         self.save()
@@ -369,8 +329,8 @@ class Trainer:
     def _tick(self) -> None:
         """Add the wall time since the last tick to the run's and the epoch's clocks."""
         now = time.perf_counter()
-        self.progress["wall_time_s"] += now - self._clock
-        self.progress["epoch_seconds"] += now - self._clock
+        self.progress.wall_time_s += now - self._clock
+        self.progress.epoch_seconds += now - self._clock
         self._clock = now
 
     def _train_step(self, epoch: int, step: int, order: torch.Tensor) -> float:
@@ -396,21 +356,21 @@ class Trainer:
                              (~finite).float(), torch.tensor(float(self.stop.requested), device=loss.device)])
         stats = ctx.all_reduce_sum(stats.double()).tolist()
         self._stop_votes = stats[3]
-        p["step"] += 1
-        p["global_step"] += 1
+        p.step += 1
+        p.global_step += 1
         if stats[2]:
             if not cfg.skip_nonfinite:
                 raise self._nonfinite_error(epoch, step, stats[0] / stats[1])
-            p["skipped_steps"] += 1
+            p.skipped_steps += 1
             self.scheduler.step()
             return float("nan")
         self.optimizer.step()
         self.scheduler.step()
         if self.ema is not None:
-            self.ema.update(self.model, step=p["global_step"])
-        p["loss_sum"] += stats[0]
-        p["seen"] += stats[1]
-        p["train_images"] += stats[1]
+            self.ema.update(self.model, step=p.global_step)
+        p.loss_sum += stats[0]
+        p.seen += stats[1]
+        p.train_images += stats[1]
         return stats[0] / stats[1]
 
     def _stop_agreed(self, sync: bool = False) -> bool:
@@ -430,7 +390,7 @@ class Trainer:
             causes.append("low-precision overflow (try --amp off)")
         if not cfg.clip_grad:
             causes.append("no gradient clipping (try --clip-grad 1.0)")
-        where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress['global_step']})"
+        where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress.global_step})"
         kept = f"the last good checkpoint in {self.out_dir} is kept" if (self.out_dir / CONFIG).exists() \
             else "no checkpoint was saved yet"
         what = f"loss ({loss})" if not math.isfinite(loss) else f"gradient norm (loss {loss:.4g})"
@@ -442,7 +402,7 @@ class Trainer:
         if self.ctx.is_main:
             import sys
 
-            print(f"vitlab train: stopped by {self.stop.name} at epoch {p['epoch'] + 1} step {p['step']}; "
+            print(f"vitlab train: stopped by {self.stop.name} at epoch {p.epoch + 1} step {p.step}; "
                   f"resumable checkpoint saved in {self.out_dir} (continue with --resume {self.out_dir})",
                   file=sys.stderr, flush=True)
         return TrainResult(self.out_dir, {}, exit_code=self.stop.exit_code)
@@ -450,13 +410,13 @@ class Trainer:
     def summary(self) -> dict[str, Any]:
         p = self.progress
         macs = model_macs(self.model, self.data_info)
-        return {"model": self.cfg.model, "dataset": self.cfg.dataset, "epochs": p["epoch"],
-                "steps": p["global_step"], "final_test_acc": p["test_acc"],
-                "final_test_loss": p["test_loss"], "best_test_acc": p["best_test_acc"],
-                "best_epoch": p["best_epoch"],
-                "train_images_per_second": p["train_images"] / max(p["train_time_s"], 1e-9),
-                "wall_time_s": p["wall_time_s"], "train_time_s": p["train_time_s"],
+        return {"model": self.cfg.model, "dataset": self.cfg.dataset, "epochs": p.epoch,
+                "steps": p.global_step, "final_test_acc": p.test_acc,
+                "final_test_loss": p.test_loss, "best_test_acc": p.best_test_acc,
+                "best_epoch": p.best_epoch,
+                "train_images_per_second": p.train_images / max(p.train_time_s, 1e-9),
+                "wall_time_s": p.wall_time_s, "train_time_s": p.train_time_s,
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
-                "flops": 2 * macs if macs is not None else None, "skipped_steps": p["skipped_steps"],
+                "flops": 2 * macs if macs is not None else None, "skipped_steps": p.skipped_steps,
                 "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads(),
                 "slices": self.slices}

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitlab.train.checkpoint import atomic_write_text
+from vitlab.atomic import atomic_write_text
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
 

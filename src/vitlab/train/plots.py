@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from vitlab.train.checkpoint import atomic_write
+from vitlab.atomic import atomic_write
 
 
 def save_confusion_matrix(path: str | Path, confusion: Tensor, classes: list[str], title: str = "") -> Path:

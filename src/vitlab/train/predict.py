@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.checkpoint import ModelSpec
 from vitlab.data import load_image, normalization, normalize
 from vitlab.train.evaluate import top_k
-from vitlab.train.models import input_shape
 
 
 def checkpoint_normalization(config: dict[str, Any], dataset: str | None,
@@ -34,7 +34,7 @@ def predict_files(model: nn.Module, config: dict[str, Any], paths: list[str | Pa
                   device: torch.device | str = "cpu") -> list[list[tuple[str, float]]]:
     """Top-``k`` (class name, probability) per image file, best first. Every file is read (and checked)
     before the model runs."""
-    img_size, in_chans = input_shape(config["model"])
+    img_size, in_chans = ModelSpec.from_dict(config["model"]).input_shape
     images = torch.stack([load_image(p, img_size=img_size, in_chans=in_chans) for p in paths])  # (N, C, H, W)
     mean, std = checkpoint_normalization(config, (config.get("run") or {}).get("dataset"), in_chans)
     model = model.to(device).eval()

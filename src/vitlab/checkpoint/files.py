@@ -1,55 +1,40 @@
-"""Checkpoints: ``model.safetensors`` + ``config.json`` (+ ``state.pt`` to resume), each written atomically.
+"""The checkpoint directory: ``model.safetensors`` + ``config.json`` (+ ``state.pt`` to resume), each written
+atomically, and the weight files ``load_pretrained`` reads.
 
 A checkpoint directory holds
 
 - ``model.safetensors``: the weights (``safetensors.torch.save_file``; never unpickled);
-- ``config.json``: ``{"format": "vitlab-checkpoint/1", "model": <ModelConfig.to_dict() or
-  {"timm": NAME, "kwargs": {...}}>, "run": <run config>, "vitlab_version": ...}``;
+- ``config.json``: ``{"format": "vitlab-checkpoint/1", "model": <ModelSpec.to_dict()>, "run": <run config>,
+  "vitlab_version": ...}``;
 - ``state.pt`` (training runs): model, optimiser, scheduler, EMA, step, epoch, RNG and metrics, plain
   tensors and numbers only, read back with ``torch.load(weights_only=True)``. It carries its own copy of
   the weights, so resuming reads one file that is replaced in a single step.
 
-Every file goes to a temporary name in the same directory and is then ``os.replace``-d: a kill mid-write
-leaves the previous file intact and no partial file under the final name.
+Every file goes to a temporary name in the same directory and is then ``os.replace``-d (``vitlab.atomic``):
+a kill mid-write leaves the previous file intact and no partial file under the final name.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from vitlab.atomic import atomic_path
+from vitlab import atomic
+from vitlab.checkpoint.spec import ModelSpec, build_vitlab, create_timm, is_timm, spec_of, unwrap
+from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, write_safetensors
 from vitlab.errors import CheckpointError
-from vitlab.models import build_model, get_config
+from vitlab.models import ModelConfig, get_config
 from vitlab.models.pretrained_cfg import apply_checkpoint_config
-from vitlab.train.models import TIMM_PREFIX, create_timm, is_timm, model_from_spec, spec_label, spec_of, unwrap
+from vitlab.version import __version__
 
 FORMAT = "vitlab-checkpoint/1"
 WEIGHTS, CONFIG, STATE = "model.safetensors", "config.json", "state.pt"
-
-
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``."""
-    with atomic_path(path) as tmp:
-        write(str(tmp))
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-
-    atomic_write(path, write)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -60,23 +45,18 @@ def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
 def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict | None = None,
                     train_state: dict | None = None) -> Path:
     """Write ``model.safetensors``, ``config.json`` and, when given, ``state.pt`` into ``out_dir``."""
-    from safetensors.torch import save_file
-
-    from vitlab import __version__
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in (STATE, WEIGHTS, CONFIG):  # temporaries a SIGKILL left mid-write (this is the only writer)
         for stale in out.glob(f".{name}.*.tmp"):
             stale.unlink(missing_ok=True)
-    config = {"format": FORMAT, "model": spec_of(model), "run": run_config, "vitlab_version": __version__}
+    config = {"format": FORMAT, "model": spec_of(model).to_dict(), "run": run_config, "vitlab_version": __version__}
     if train_state is not None:
         buf = io.BytesIO()
         torch.save(train_state, buf)
-        atomic_write_bytes(out / STATE, buf.getvalue())
-    weights = weights_of(model)
-    atomic_write(out / WEIGHTS, lambda tmp: save_file(weights, tmp, metadata={"format": FORMAT}))
-    atomic_write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
+        atomic.atomic_write_bytes(out / STATE, buf.getvalue())
+    write_safetensors(out / WEIGHTS, weights_of(model), {"format": FORMAT})
+    atomic.atomic_write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
     return out
 
 
@@ -99,7 +79,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     file = d / CONFIG
     if not file.is_file():
         raise CheckpointError(f"{d} has no {CONFIG}, so its architecture is unknown; load weights saved by "
-                              f"`vitlab train --output DIR` or vitlab.train.save_checkpoint (which write "
+                              f"`vitlab train --output DIR` or vitlab.checkpoint.save_checkpoint (which write "
                               f"{WEIGHTS} and {CONFIG} together), or load raw timm weights with vitlab.interop")
     try:
         config = json.loads(file.read_text())
@@ -110,18 +90,71 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def read_spec(path: str | Path) -> ModelSpec:
+    """The model spec of a checkpoint directory."""
+    model = read_config(path)["model"]
+    try:
+        return ModelSpec.from_dict(model)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"cannot rebuild the model of {path} ({exc})") from exc
 
+
+def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor]:
     file = _checkpoint_dir(path) / WEIGHTS
     if not file.is_file():
         raise CheckpointError(f"{file.parent} has no {WEIGHTS}; pass the directory of a finished or "
                               "interrupted `vitlab train` run")
+    return read_safetensors(file)[0]
+
+
+def read_weights(path: str | os.PathLike) -> tuple[dict[str, Tensor], ModelConfig | None]:
+    """The state dict in ``path`` and, for a vitlab checkpoint or export, its model config (else None).
+
+    ``path``: a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` file (read with ``weights_only=True``),
+    or a checkpoint directory holding ``model.safetensors`` and ``config.json``.
+    """
+    p = Path(path)
+    if p.is_dir():
+        weights = p / WEIGHTS
+        if not weights.is_file():
+            raise CheckpointError(f"{p} is a directory without model.safetensors; pass a vitlab checkpoint directory "
+                                  f"(model.safetensors + config.json) or the weight file itself")
+        state, _ = read_weights(weights)
+        return state, _config_json(p / CONFIG, required=True)
+    if not p.is_file():
+        raise CheckpointError(f"no weight file {p}; pass an existing .safetensors or .pth file or a vitlab "
+                              f"checkpoint directory")
+    if p.suffix == ".safetensors":
+        state, meta = read_safetensors(p)
+        if "vitlab_config" in meta:
+            return state, ModelConfig.from_dict(json.loads(meta["vitlab_config"]))
+        return state, _config_json(p.parent / CONFIG, required=False)
+    if p.suffix in TORCH_SUFFIXES:
+        return read_torch(p), None
+    raise CheckpointError(f"{p} is neither .safetensors nor {'/'.join(TORCH_SUFFIXES)}; save the weights in one "
+                          f"of those formats")
+
+
+def _config_json(p: Path, required: bool) -> ModelConfig | None:
+    """The vitlab model config of a checkpoint's ``config.json`` (``{"model": {...}, "run": {...}}``)."""
+    if not p.is_file():
+        if required:
+            raise CheckpointError(f"{p.parent} has no config.json; pass the weight file and the model name instead")
+        return None
     try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-save it") from exc
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if required:
+            raise CheckpointError(f"{p} is not valid JSON ({exc}); restore it or pass the weight file and a model "
+                                  f"name") from None
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict) or "arch" not in model:
+        if required:
+            raise CheckpointError(f"{p} has no vitlab model config under 'model'; pass the weight file and a model "
+                                  f"name")
+        return None
+    return ModelConfig.from_dict(model)
 
 
 def state_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str:
@@ -144,10 +177,13 @@ def state_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Ten
     return "; ".join(parts)
 
 
-def _config_diff(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
-    keys = [k for k in ("arch", "name", "timm", "embed_dim", "depth", "num_heads", "patch_size", "img_size",
-                        "in_chans", "num_classes", "attn", "gate") if saved.get(k) != wanted.get(k)]
-    return ", ".join(f"{k} {saved.get(k)!r} vs {wanted.get(k)!r}" for k in keys)
+def _config_diff(saved: ModelSpec, wanted: ModelSpec) -> str:
+    if saved.is_timm or wanted.is_timm:
+        return ""
+    a, b = saved.config.to_dict(), wanted.config.to_dict()
+    keys = [k for k in ("arch", "name", "embed_dim", "depth", "num_heads", "patch_size", "img_size",
+                        "in_chans", "num_classes", "attn", "gate") if a.get(k) != b.get(k)]
+    return ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in keys)
 
 
 def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) -> nn.Module:
@@ -158,40 +194,37 @@ def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) 
     img_size/in_chans/num_classes unless overridden); a checkpoint of another architecture raises
     :class:`CheckpointError` listing the mismatch.
     """
-    config = read_config(path)
-    spec = config["model"]
+    spec = read_spec(path)
     if model is None:
         try:
-            net = model_from_spec(spec, **overrides)
+            net = spec.build(**overrides)
         except ValueError as exc:
             raise CheckpointError(f"cannot rebuild the model of {path} ({exc})") from exc
     else:
-        stored = spec.get("kwargs", {}) if "timm" in spec else spec
+        stored = spec.options()
         shape = ("img_size", "patch_size", "in_chans", "num_classes")
         opts = {k: stored[k] for k in shape if stored.get(k) is not None}
         opts.update(overrides)
         if is_timm(model):
-            net = create_timm(model[len(TIMM_PREFIX):], opts)
+            net = create_timm(model[len("timm:"):], opts)
         else:
-            cfg = get_config(model, **opts)
-            net = build_model(cfg)
-            net.vitlab_spec = cfg.to_dict()
-    weights = read_weights(path)
+            net = build_vitlab(get_config(model, **opts))
+    weights = _checkpoint_weights(path)
     expected = net.state_dict()
     problem = state_mismatch(expected, weights)
     if problem and model is None and not overrides:  # the two files disagree with each other
-        raise CheckpointError(f"checkpoint {path}: {WEIGHTS} does not fit the {spec_label(spec)} model its {CONFIG} "
+        raise CheckpointError(f"checkpoint {path}: {WEIGHTS} does not fit the {spec.label} model its {CONFIG} "
                               f"describes: {problem}; the two files come from different runs or were edited, "
                               "restore both from the same run")
     if problem:
         wanted = spec_of(net)
-        diff = _config_diff(spec, wanted) if "timm" not in spec and "timm" not in wanted else ""
+        diff = _config_diff(spec, wanted)
         raise CheckpointError(
-            f"checkpoint {path} holds a {spec_label(spec)} model but a {spec_label(wanted)} model was asked for"
+            f"checkpoint {path} holds a {spec.label} model but a {wanted.label} model was asked for"
             f"{f' ({diff})' if diff else ''}: {problem}; load it without --model/overrides, or pass the "
             "matching --model")
     net.load_state_dict(weights)
-    return apply_checkpoint_config(net, config)  # pretrained_cfg: the run's normalisation, for timm.data
+    return apply_checkpoint_config(net, read_config(path))  # pretrained_cfg: the run's normalisation, for timm.data
 
 
 def load_train_state(path: str | Path) -> dict[str, Any]:

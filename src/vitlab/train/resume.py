@@ -1,0 +1,78 @@
+"""Resuming a run: the one place that reads a checkpoint to continue it and decides what may change.
+
+``vitlab train --resume DIR`` continues the run saved in DIR bit-exactly: the run config stored there, with only
+the options in :data:`RESUMABLE` changed by the command line, and the training state of its ``state.pt``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from vitlab.checkpoint import CONFIG, load_train_state, read_config, read_spec, spec_of, state_mismatch
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.train.config import RunConfig
+
+# run options a resumed run may change without breaking the continuation
+RESUMABLE = {"epochs", "output", "progress", "checkpoint_every", "device", "threads", "slices", "eval_batch_size",
+             "skip_nonfinite", "data_dir", "download", "compile", "model", "model_overrides"}
+
+
+def resume_config(resume: str | Path, changes: dict[str, Any]) -> RunConfig:
+    """The run config stored in checkpoint ``resume`` with ``changes`` (CLI flags) applied."""
+    run = read_config(resume).get("run")
+    if not isinstance(run, dict):
+        raise CheckpointError(f"{resume}/{CONFIG} holds no run config to resume; start a new run")
+    stored = RunConfig.from_dict({k: v for k, v in run.items() if k != "data"}, f"{resume}/{CONFIG}")
+    # a resumed run continues in the folder it was resumed from (which may have been moved or copied), not in the
+    # output path recorded when it started; --output still sends it elsewhere
+    return stored.replace(**{"output": str(resume), **changes})
+
+
+def resumed_run_config(resume: str | Path, options: dict[str, Any]) -> RunConfig:
+    """The config of the run resumed from ``resume`` with the command line's ``options``; changing an option
+    outside :data:`RESUMABLE` is refused."""
+    cfg = resume_config(resume, {})
+    stored = cfg.to_dict()
+    changed = sorted(k for k, v in RunConfig.from_dict(options).to_dict().items()
+                     if k in options and v != stored[k] and k not in RESUMABLE)
+    if changed:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in changed)
+        raise ConfigError(f"cannot change {flags} when resuming (the run would not continue exactly); drop "
+                          f"{'it' if len(changed) == 1 else 'them'}, or start a new run with another --output")
+    options = dict(options)
+    if "model_overrides" in options:
+        options["model_overrides"] = {**stored["model_overrides"], **options["model_overrides"]}
+    options.setdefault("output", resume)  # the folder resumed, wherever it was first written
+    return cfg.replace(**options)
+
+
+@dataclass
+class Resume:
+    """The checkpoint a run continues: its folder, its ``config.json`` and its training state."""
+
+    path: Path
+    config: dict[str, Any]
+    state: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Resume:
+        state = load_train_state(path)
+        return cls(Path(path), read_config(path), state)
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names of the data the run was trained on."""
+        return (self.config.get("run") or {}).get("data", {}).get("classes") or []
+
+    def check_architecture(self, model: nn.Module) -> None:
+        """Refuse to load the saved state into a model of another architecture."""
+        problem = state_mismatch(model.state_dict(), self.state["model"])
+        if problem:
+            saved = read_spec(self.path)
+            raise CheckpointError(f"cannot resume {self.path}: it holds a {saved.label} model but this run "
+                                  f"builds a {spec_of(model).label} model: {problem}; resume without "
+                                  "--model / model flags, or start a new run")

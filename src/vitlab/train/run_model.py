@@ -1,0 +1,91 @@
+"""The model of a training run: ``--model`` (a vitlab preset with overrides, or ``timm:NAME``) resolved for the
+data, the input size it needs, and its cost per image.
+
+Every model built here carries its :class:`vitlab.checkpoint.ModelSpec` (``model.vitlab_spec``), which the
+checkpoint stores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.checkpoint import TIMM_PREFIX, build_vitlab, create_timm, is_timm
+from vitlab.errors import ConfigError
+from vitlab.models import get_config
+from vitlab.train.config import RunConfig, model_defaults
+
+# native size and channels of each data set: what a timm model is created for unless told otherwise
+DATA_SHAPES = {"mnist": (28, 1), "mnist-5k": (28, 1), "fashion-mnist": (28, 1), "cifar10": (32, 3),
+               "cifar100": (32, 3)}
+
+
+def model_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:
+    """(img_size, in_chans) the data must be prepared at for this model."""
+    if not is_timm(name):
+        cfg = get_config(name, **_vitlab_overrides(overrides))
+        return cfg.img_size, cfg.in_chans
+    native = DATA_SHAPES.get(dataset)
+    img_size = overrides.get("img_size", native[0] if native else None)
+    in_chans = overrides.get("in_chans", native[1] if native else 3)
+    if img_size is None:
+        img_size = _timm_default_size(name[len(TIMM_PREFIX):])
+    if isinstance(img_size, list | tuple):
+        if len(set(img_size)) != 1:
+            raise ConfigError(f"img_size {img_size} must be square for vitlab's data; give one number")
+        img_size = img_size[0]
+    return int(img_size), int(in_chans)
+
+
+def _timm_default_size(name: str) -> int:
+    import timm
+
+    try:
+        return int(timm.get_pretrained_cfg(name).input_size[-1])
+    except (AttributeError, RuntimeError, ValueError):
+        return 224
+
+
+def _vitlab_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in overrides.items() if k != "num_classes"}
+
+
+def create_for_run(name: str, overrides: dict[str, Any], *, num_classes: int, img_size: int,
+                   in_chans: int) -> nn.Module:
+    """Build ``name`` (preset or ``timm:NAME``) with ``overrides`` for ``num_classes`` classes."""
+    if is_timm(name):
+        kwargs = {**overrides, "img_size": img_size, "in_chans": in_chans, "num_classes": num_classes}
+        return create_timm(name[len(TIMM_PREFIX):], kwargs)
+    return build_vitlab(get_config(name, **{**_vitlab_overrides(overrides), "num_classes": num_classes}))
+
+
+def run_model_overrides(cfg: RunConfig) -> dict[str, Any]:
+    """The effective model options: data-set defaults (vitlab ViTs), the drop-path flags, the user's."""
+    overrides = dict(cfg.model_overrides)
+    if not is_timm(cfg.model):
+        if get_config(cfg.model, **overrides).arch == "vit":
+            overrides = {**model_defaults(cfg.dataset), **overrides}
+    overrides.setdefault("drop_path_rate", cfg.drop_path)
+    if cfg.drop_path_rule is not None:
+        overrides.setdefault("drop_path_rule", cfg.drop_path_rule)
+    return overrides
+
+
+def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
+    """Multiply-accumulates per image: vitlab's ``flop_count()``, else ``FlopCounterMode`` (matmul FLOPs / 2)."""
+    if hasattr(model, "flop_count"):
+        return int(model.flop_count())
+    from vitlab.flops import torch_flops  # MATH attention backend: the fused CPU kernel is not counted
+
+    x = torch.zeros(1, data["in_chans"], data["img_size"], data["img_size"], device=next(model.parameters()).device)
+    return torch_flops(model, x) // 2
+
+
+def token_count(model: nn.Module) -> int | None:
+    """Tokens per image of a ViT-like model (patches + prefix tokens, vitlab's or timm's attributes), else None."""
+    patches = getattr(getattr(model, "patch_embed", None), "num_patches", None)
+    if not isinstance(patches, int) or patches <= 0:
+        return None
+    return patches + int(getattr(model, "num_prefix_tokens", 0) or 0)
