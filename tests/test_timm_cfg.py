@@ -92,7 +92,27 @@ def test_a_trained_checkpoint_carries_its_normalisation(checkpoint, tmp_path) ->
     assert rgb.pretrained_cfg["input_size"] == (3, 28, 28) and rgb.pretrained_cfg["mean"] == MNIST_STATS[0] * 3
 
 
+def test_the_models_statistics_are_the_data_sets() -> None:
+    from vitlab.data import normalization
+    from vitlab.models.pretrained_cfg import PRESET_STATS, imagenet_statistics
+
+    assert PRESET_STATS["vit_mnist"] == normalization("mnist", 1)
+    for in_chans in (1, 3):
+        assert imagenet_statistics(in_chans) == normalization("imagefolder", in_chans)
+
+
 # ---------------------------------------------------------------------------------------------- set_input_size
+
+def test_patch_kernel_resampling_is_flexivits() -> None:
+    from timm.layers import resample_patch_embed
+
+    from vitlab.layers.patch_embed import resample_kernel
+
+    w = torch.randn(8, 3, 16, 16)
+    for size in (7, 12, 24):
+        torch.testing.assert_close(resample_kernel(w, size), resample_patch_embed(w, [size, size]), atol=1e-4,
+                                   rtol=1e-4)
+
 
 @pytest.mark.parametrize("pos_embed_cls", [True, False])
 def test_set_input_size_matches_timm_on_converted_weights(pos_embed_cls) -> None:

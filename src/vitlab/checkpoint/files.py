@@ -26,11 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from vitlab import atomic
+from vitlab.checkpoint.data_config import apply_checkpoint_config
 from vitlab.checkpoint.spec import ModelSpec, build_vitlab, create_timm, is_timm, spec_of, unwrap
 from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, write_safetensors
 from vitlab.errors import CheckpointError
 from vitlab.models import ModelConfig, get_config
-from vitlab.models.pretrained_cfg import apply_checkpoint_config
 from vitlab.version import __version__
 
 FORMAT = "vitlab-checkpoint/1"

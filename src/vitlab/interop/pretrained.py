@@ -21,12 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.checkpoint import read_weights
+from vitlab.checkpoint.data_config import apply_checkpoint_file
 from vitlab.checkpoint.weights import first_line
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm_state_dict
 from vitlab.layers import build_pos_embed, resample_abs_pos_embed
 from vitlab.models import ModelConfig, VitlabModel, build_model, get_config
-from vitlab.models.pretrained_cfg import apply_checkpoint_file
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
 _WRAPPERS = ("module.", "_orig_mod.", "model.")  # DDP, torch.compile, Lightning-style key prefixes

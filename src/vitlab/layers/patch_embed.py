@@ -23,6 +23,20 @@ def check_grid(img_size: int, patch_size: int) -> int:
     return img_size // patch_size
 
 
+def resample_kernel(weight: Tensor, size: int) -> Tensor:
+    """A patch kernel ``(D, C, p, p)`` for ``size x size`` patches such that a patch resized (bicubic, antialiased)
+    to the new size gives, in the least-squares sense, the old embedding (FlexiViT, Beyer et al. 2023): with
+    ``B`` the resize as a matrix, the new kernel is ``pinv(B^T) w``."""
+    D, C, p, _ = weight.shape
+    if p == size:
+        return weight
+    basis = torch.eye(p * p, dtype=torch.float32, device=weight.device).reshape(p * p, 1, p, p)
+    resized = F.interpolate(basis, size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+    inverse = torch.linalg.pinv(resized.reshape(p * p, size * size))  # pinv(B^T): (size^2, p^2)
+    out = weight.float().reshape(D * C, p * p) @ inverse.T  # (D*C, size^2)
+    return out.reshape(D, C, size, size).to(weight.dtype)
+
+
 class _Resizable:
     """Input-size plumbing shared by the stems: the configured grid, and with ``dynamic_img_size`` the grid
     of any input whose sides are multiples of the patch (or padded up to one with ``dynamic_img_pad``)."""
@@ -56,15 +70,13 @@ class _Resizable:
 
     def _resample_proj(self, kernel: int) -> None:
         """Swap ``proj`` for a ``kernel``-sized one whose weights are the resampled old ones (FlexiViT)."""
-        from vitlab.interop.pretrained import resample_patch_kernel
-
         old = self.proj
         if old.kernel_size[0] == kernel:
             return
         new = nn.Conv2d(old.in_channels, old.out_channels, kernel_size=kernel, stride=kernel, bias=old.bias is not None,
                         device=old.weight.device, dtype=old.weight.dtype)
         with torch.no_grad():
-            new.weight.copy_(resample_patch_kernel(old.weight, kernel))
+            new.weight.copy_(resample_kernel(old.weight, kernel))
             if old.bias is not None:
                 new.bias.copy_(old.bias)
         new.weight.requires_grad_(old.weight.requires_grad)
