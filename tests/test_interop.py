@@ -594,7 +594,7 @@ def test_docs_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     write_checkpoint_dir(perturb(cait, 0.02), tmp_path / "runs" / "cait_mnist")
     text = DOCS.read_text()
     blocks = re.findall(r"```(python|bash)\n(.*?)```", text, flags=re.S)
-    assert [kind for kind, _ in blocks] == ["python", "python", "bash"]
+    assert [kind for kind, _ in blocks] == ["python", "python", "bash", "python"]
     namespace: dict = {}
     for kind, code in blocks:
         if kind == "python":
@@ -603,7 +603,7 @@ def test_docs_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
         for line in code.replace("\\\n", " ").splitlines():
             assert main(shlex.split(line)[1:]) == 0, line
     out = capsys.readouterr().out
-    assert "12 (2, 3, 17, 17) (2, 10)" in out and "True" in out
+    assert "12 (2, 3, 17, 17) (2, 10)" in out and "True" in out and "(3,)" in out
     converted = vitlab.load_pretrained("vit_tiny_28x28x1.safetensors")
     assert (converted.cfg.img_size, converted.cfg.patch_size, converted.cfg.in_chans) == (28, 7, 1)
     TimmCait(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=2, num_heads=4

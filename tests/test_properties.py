@@ -35,7 +35,8 @@ CHOICES = {"arch": ARCHS, "attn": ATTNS, "gate": ("none", "layerscale", "rezero"
            "reg_position": REG_POSITIONS, "reattn_norm": ("batch", "layer"), "drop_path_rule": ("linear", "uniform")}
 INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
         "depth_token_only", "reattn_last")
-BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm")
+BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm", "dynamic_img_size",
+         "dynamic_img_pad")
 FLOATS = ("mlp_ratio", "rope_theta", "reg_rope_theta", "init_values", "drop_rate", "attn_drop_rate",
           "drop_path_rate", "mlp_ratio_token_only")
 OPTIONAL = ("reattn_last", "fc_norm", "init_values")

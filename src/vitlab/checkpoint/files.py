@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from vitlab import atomic
+from vitlab.checkpoint.data_config import apply_checkpoint_config
 from vitlab.checkpoint.spec import ModelSpec, build_vitlab, create_timm, is_timm, spec_of, unwrap
 from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, write_safetensors
 from vitlab.errors import CheckpointError
@@ -223,7 +224,7 @@ def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) 
             f"{f' ({diff})' if diff else ''}: {problem}; load it without --model/overrides, or pass the "
             "matching --model")
     net.load_state_dict(weights)
-    return net
+    return apply_checkpoint_config(net, read_config(path))  # pretrained_cfg: the run's normalisation, for timm.data
 
 
 def load_train_state(path: str | Path) -> dict[str, Any]:

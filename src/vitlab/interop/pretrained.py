@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.checkpoint import read_weights
+from vitlab.checkpoint.data_config import apply_checkpoint_file
 from vitlab.checkpoint.weights import first_line
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm_state_dict
@@ -55,7 +56,7 @@ def load_pretrained(model_or_name: VitlabModel | ModelConfig | str | None = None
     state = strip_wrappers(state)
     model = _target_model(model_or_name, state, file_cfg, overrides)
     model.load_state_dict(adapt_state_dict(state, model, drop_dist_token=drop_dist_token))
-    return model
+    return apply_checkpoint_file(model, path)  # pretrained_cfg: a vitlab run's normalisation, for timm.data
 
 
 def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelConfig | None,

@@ -23,14 +23,16 @@ def sincos_1d(num_positions: int, dim: int, temperature: float = 10000.0) -> Ten
     return pe.float()
 
 
-def sincos_2d(grid_size: int, dim: int, temperature: float = 10000.0) -> Tensor:
-    """2-D sin-cos table ``(grid_size**2, dim)`` in row-major patch order (MAE / big_vision layout):
-    the first half of the channels encodes the column, the second half the row."""
+def sincos_2d(grid_size: int | tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
+    """2-D sin-cos table ``(grid_h * grid_w, dim)`` in row-major patch order (MAE / big_vision layout):
+    the first half of the channels encodes the column, the second half the row. ``grid_size``: the side
+    of a square grid or ``(grid_h, grid_w)``."""
     if dim % 4:
         raise ConfigError(f"2-D sin-cos position embedding needs embed_dim divisible by 4, got {dim}; "
                           f"use pos_embed='learned' or 'sincos1d'")
-    ys, xs = torch.meshgrid(torch.arange(grid_size, dtype=torch.float64),
-                            torch.arange(grid_size, dtype=torch.float64), indexing="ij")
+    gh, gw = grid_hw(grid_size)
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64),
+                            torch.arange(gw, dtype=torch.float64), indexing="ij")
     quarter = dim // 4
     omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # (d/4,)
     ax = xs.flatten()[:, None] * omega[None]  # (N, d/4)
@@ -38,13 +40,22 @@ def sincos_2d(grid_size: int, dim: int, temperature: float = 10000.0) -> Tensor:
     return torch.cat([ax.sin(), ax.cos(), ay.sin(), ay.cos()], dim=1).float()
 
 
-def build_pos_embed(kind: str, *, grid_size: int, dim: int, num_prefix: int) -> Tensor | None:
-    """Initial table ``(1, num_prefix + grid_size**2, dim)`` (``num_prefix`` 1 for a class slot, else 0).
+def grid_hw(grid_size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    """``(grid_h, grid_w)`` of a square side or a pair."""
+    if isinstance(grid_size, int):
+        return grid_size, grid_size
+    gh, gw = grid_size
+    return int(gh), int(gw)
+
+
+def build_pos_embed(kind: str, *, grid_size: int | tuple[int, int], dim: int, num_prefix: int) -> Tensor | None:
+    """Initial table ``(1, num_prefix + grid_h * grid_w, dim)`` (``num_prefix`` 1 for a class slot, else 0).
 
     ``sincos1d`` numbers the class slot 0 and the patches 1..N; ``sincos2d`` gives the class
     slot zeros; ``learned`` is drawn N(0, 0.02) by the caller's init; ``none`` returns None.
     """
-    n = grid_size**2
+    gh, gw = grid_hw(grid_size)
+    n = gh * gw
     if kind == "none":
         return None
     if kind == "learned":
@@ -57,21 +68,28 @@ def build_pos_embed(kind: str, *, grid_size: int, dim: int, num_prefix: int) -> 
     raise ConfigError(f"unknown pos_embed {kind!r}; choose one of {', '.join(POS_EMBEDS)}")
 
 
-def resample_abs_pos_embed(pos_embed: Tensor, new_grid: int, num_prefix: int = 0,
-                           mode: str = "bicubic") -> Tensor:
-    """Resample ``(1, num_prefix + g*g, D)`` to ``new_grid``, leaving prefix slots untouched.
+def resample_abs_pos_embed(pos_embed: Tensor, new_grid: int | tuple[int, int], num_prefix: int = 0,
+                           mode: str = "bicubic", old_grid: int | tuple[int, int] | None = None) -> Tensor:
+    """Resample ``(1, num_prefix + h*w, D)`` to ``new_grid`` (a side or ``(h, w)``), leaving prefix slots untouched.
 
-    Bilinear and bicubic use torch's antialiased kernels both ways, as timm's ``resample_abs_pos_embed``
-    does, so a checkpoint resampled here equals the one timm loads at that size."""
+    ``old_grid`` defaults to the square grid the table holds. Bilinear and bicubic use torch's antialiased
+    kernels both ways, as timm's ``resample_abs_pos_embed`` does, so a checkpoint resampled here equals the one
+    timm loads at that size."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
-    old = int(math.isqrt(grid.shape[1]))
-    if old * old != grid.shape[1]:
-        raise ConfigError(f"position embedding of {grid.shape[1]} patch slots is not a square grid")
-    if old == new_grid:
+    if old_grid is None:
+        side = int(math.isqrt(grid.shape[1]))
+        if side * side != grid.shape[1]:
+            raise ConfigError(f"position embedding of {grid.shape[1]} patch slots is not a square grid; "
+                              f"pass old_grid=(h, w)")
+        old_grid = side
+    (oh, ow), (nh, nw) = grid_hw(old_grid), grid_hw(new_grid)
+    if oh * ow != grid.shape[1]:
+        raise ConfigError(f"position embedding of {grid.shape[1]} patch slots does not fit a {oh}x{ow} grid")
+    if (oh, ow) == (nh, nw):
         return pos_embed
     dim = grid.shape[-1]
-    grid = grid.reshape(1, old, old, dim).permute(0, 3, 1, 2).float()  # (1, D, g, g)
-    grid = torch.nn.functional.interpolate(grid, size=(new_grid, new_grid), mode=mode, align_corners=False,
+    grid = grid.reshape(1, oh, ow, dim).permute(0, 3, 1, 2).float()  # (1, D, h, w)
+    grid = torch.nn.functional.interpolate(grid, size=(nh, nw), mode=mode, align_corners=False,
                                            antialias=mode in ("bilinear", "bicubic"))
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, dim).to(pos_embed.dtype)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, nh * nw, dim).to(pos_embed.dtype)  # (1, h'*w', D)
     return torch.cat([prefix, grid], dim=1)

@@ -31,12 +31,14 @@ def rope_table(angles: Tensor) -> Tensor:
     return torch.stack([ang.cos(), ang.sin()]).float()
 
 
-def layout_rope(num_prefix: int, grid: int, num_reg_end: int, head_dim: int, theta: float,
+def layout_rope(num_prefix: int, grid: int | tuple[int, int], num_reg_end: int, head_dim: int, theta: float,
                 reg_theta: float) -> Tensor:
     """ViT-5 token layout ``[prefix, patches, registers]``: prefix tokens are not rotated (angle 0),
-    patches use their grid position, registers a small square grid of their own with ``reg_theta``."""
+    patches use their position on the ``grid`` (a side or ``(grid_h, grid_w)``), registers a small square
+    grid of their own with ``reg_theta``."""
+    gh, gw = (grid, grid) if isinstance(grid, int) else grid
     parts = [torch.zeros(num_prefix, head_dim // 2, dtype=torch.float64),
-             rope_2d_angles(grid, grid, head_dim, theta)]
+             rope_2d_angles(gh, gw, head_dim, theta)]
     if num_reg_end:
         side = math.isqrt(num_reg_end - 1) + 1
         parts.append(rope_2d_angles(side, side, head_dim, reg_theta)[:num_reg_end])

@@ -4,7 +4,8 @@ class-attention blocks where only the class token queries.
 Parameter names follow timm's ``Cait``: ``patch_embed.proj``, ``pos_embed`` (patches only), ``cls_token``,
 ``blocks.{i}.{norm1,attn.qkv,attn.proj_l,attn.proj_w,attn.proj,gamma_1,norm2,mlp.fc1,mlp.fc2,gamma_2}``,
 ``blocks_token_only.{j}.{norm1,attn.q,attn.k,attn.v,attn.proj,gamma_1,norm2,mlp,gamma_2}``, ``norm``, ``head``.
-Unlike timm, the position embedding resamples to any image size (see :mod:`vitlab.interop`).
+Unlike timm, the position embedding resamples to any image size (see :mod:`vitlab.interop`), and
+``set_input_size`` / ``dynamic_img_size`` work for CaiT as for the ViT.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from torch import Tensor, nn
 from vitlab.layers import ClassAttentionBlock, PatchEmbed, build_pos_embed, norm_layer
 from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weights
 from vitlab.models.config import ModelConfig
+from vitlab.models.input_size import ResizableInput
+from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
 from vitlab.models.vit import make_blocks
 
 _CAIT = dict(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False,
@@ -33,7 +36,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-class Cait(VitlabModel):
+class Cait(ResizableInput, VitlabModel):
     """Class-Attention in Image Transformers."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -41,7 +44,8 @@ class Cait(VitlabModel):
         cfg.validate()
         self.cfg = cfg
         dim = cfg.embed_dim
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, dim)
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, dim,
+                                      dynamic_img_size=cfg.dynamic_img_size, dynamic_img_pad=cfg.dynamic_img_pad)
         self.grid_size = self.patch_embed.grid_size
         self.num_patches = self.patch_embed.num_patches
         self.num_prefix_tokens = 1
@@ -65,6 +69,7 @@ class Cait(VitlabModel):
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = head_linear(dim, cfg.num_classes)
         self.init_weights()
+        set_pretrained_cfg(self, build_pretrained_cfg(cfg))
 
     def init_weights(self) -> None:
         if isinstance(self.pos_embed, nn.Parameter):
@@ -73,9 +78,10 @@ class Cait(VitlabModel):
         init_vit_weights(self)
 
     def _patch_tokens(self, x: Tensor) -> Tensor:
+        pos_embed = self.pos_embed_for(self.patch_embed.feat_size(x))
         x = self.patch_embed(x)  # (B, N, D)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed
+        if pos_embed is not None:
+            x = x + pos_embed
         return self.pos_drop(x)
 
     def forward_features(self, x: Tensor) -> Tensor:

@@ -69,6 +69,8 @@ class ModelConfig:
     drop_path_rule: str = "linear"  # linear | uniform
     depth_token_only: int = 2  # CaiT class-attention blocks
     mlp_ratio_token_only: float = 4.0
+    dynamic_img_size: bool = False  # forward takes any H, W multiple of the patch; positions follow that grid
+    dynamic_img_pad: bool = False  # pad the right/bottom edge to a multiple of the patch (needs dynamic_img_size)
 
     def gate_init_value(self) -> float | None:
         """The gate init the model is built with: ``init_values`` when set, else CaiT's depth rule at ``depth``
@@ -173,6 +175,8 @@ class ModelConfig:
             raise ConfigError(f"stem='conv' needs an even patch_size, got {self.patch_size}")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             raise ConfigError(f"pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
+        if self.dynamic_img_pad and not self.dynamic_img_size:
+            raise ConfigError("dynamic_img_pad pads inputs of any size, so it needs dynamic_img_size=True; set both")
         if self.reattn_last is not None and self.reattn_last < 0:
             raise ConfigError(f"reattn_last must be >= 0 (blocks at the end with re-attention; more than depth "
                               f"means all), got {self.reattn_last}")
@@ -187,7 +191,8 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 
 _INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
          "depth_token_only", "reattn_last")
-_BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm")
+_BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm",
+          "dynamic_img_size", "dynamic_img_pad")
 _FLOATS = ("mlp_ratio", "rope_theta", "reg_rope_theta", "init_values", "drop_rate", "attn_drop_rate",
            "drop_path_rate", "mlp_ratio_token_only")
 _OPTIONAL = ("reattn_last", "fc_norm", "init_values")

@@ -26,6 +26,8 @@ from vitlab.layers import (
 from vitlab.layers.fixup import init_fixup, init_tfixup
 from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weights
 from vitlab.models.config import ModelConfig
+from vitlab.models.input_size import ResizableInput
+from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
 
 PRESETS: dict[str, dict] = {
     # a from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
@@ -62,8 +64,11 @@ def make_blocks(cfg: ModelConfig, timm_names: bool = False) -> nn.ModuleList:
     return nn.ModuleList(blocks)
 
 
-class VisionTransformer(VitlabModel):
-    """ViT with optional class token, registers, LayerScale or scalar gates, re-attention, QK-norm, RoPE."""
+class VisionTransformer(ResizableInput, VitlabModel):
+    """ViT with optional class token, registers, LayerScale or scalar gates, re-attention, QK-norm, RoPE.
+
+    ``cfg.dynamic_img_size``: any ``H, W`` multiple of the patch (non-square too), with the position table
+    resampled (learned) or computed (sin-cos) and RoPE built for that grid on each call."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -71,7 +76,8 @@ class VisionTransformer(VitlabModel):
         self.cfg = cfg
         dim = cfg.embed_dim
         stem = ConvStem if cfg.stem == "conv" else PatchEmbed
-        self.patch_embed = stem(cfg.img_size, cfg.patch_size, cfg.in_chans, dim)
+        self.patch_embed = stem(cfg.img_size, cfg.patch_size, cfg.in_chans, dim,
+                                dynamic_img_size=cfg.dynamic_img_size, dynamic_img_pad=cfg.dynamic_img_pad)
         self.grid_size = self.patch_embed.grid_size
         self.num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cfg.class_token else None
@@ -89,9 +95,7 @@ class VisionTransformer(VitlabModel):
             self.register_buffer("pos_embed", table)
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         if cfg.rope:
-            rope = layout_rope(self.num_front, self.grid_size, self.num_end, dim // cfg.num_heads,
-                               cfg.rope_theta, cfg.reg_rope_theta)
-            self.register_buffer("rope", rope, persistent=False)  # (2, T, head_dim)
+            self.register_buffer("rope", self._rope_table(self.grid_size), persistent=False)  # (2, T, head_dim)
         else:
             self.rope = None
         self.blocks = make_blocks(cfg)
@@ -102,6 +106,25 @@ class VisionTransformer(VitlabModel):
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = head_linear(dim, cfg.num_classes)
         self.init_weights()
+        set_pretrained_cfg(self, build_pretrained_cfg(cfg))
+
+    def _pos_slots(self) -> int:
+        return self.num_front if self.cfg.pos_embed_cls else 0
+
+    def _rope_table(self, grid: int | tuple[int, int]) -> Tensor:
+        cfg = self.cfg
+        return layout_rope(self.num_front, grid, self.num_end, cfg.embed_dim // cfg.num_heads, cfg.rope_theta,
+                           cfg.reg_rope_theta)
+
+    def _input_size_changed(self) -> None:
+        if self.rope is not None:
+            self.rope = self._rope_table(self.grid_size).to(self.rope.device)
+
+    def rope_for(self, grid: tuple[int, int]) -> Tensor | None:
+        """The RoPE table ``(2, T, head_dim)`` for a ``(h, w)`` patch grid (the stored one at the configured grid)."""
+        if self.rope is None or tuple(grid) == (self.grid_size, self.grid_size):
+            return self.rope
+        return self._rope_table(tuple(grid)).to(self.rope.device)
 
     def init_weights(self) -> None:
         if isinstance(self.pos_embed, nn.Parameter):
@@ -118,33 +141,40 @@ class VisionTransformer(VitlabModel):
         elif self.cfg.gate == "tfixup":
             init_tfixup(self)
 
-    def _tokens(self, x: Tensor) -> Tensor:
-        """Patches ``(B, N, D)`` -> all tokens ``(B, T, D)`` with position embedding added."""
+    def _tokens(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """Patches ``(B, N, D)`` on a ``(h, w)`` grid (default: the configured one) -> all tokens ``(B, T, D)``
+        with position embedding added."""
         B = x.shape[0]
+        pos_embed = self.pos_embed if grid is None else self.pos_embed_for(grid)
         front = []
         if self.cls_token is not None:
             front.append(self.cls_token.expand(B, -1, -1))
         if self.reg_token is not None and self.num_front > int(self.cls_token is not None):
             front.append(self.reg_token.expand(B, -1, -1))
-        if self.pos_embed is not None and not self.cfg.pos_embed_cls:
-            x = x + self.pos_embed
+        if pos_embed is not None and not self.cfg.pos_embed_cls:
+            x = x + pos_embed
         if front:
             x = torch.cat([*front, x], dim=1)
-        if self.pos_embed is not None and self.cfg.pos_embed_cls:
-            x = x + self.pos_embed
+        if pos_embed is not None and self.cfg.pos_embed_cls:
+            x = x + pos_embed
         if self.num_end:
             x = torch.cat([x, self.reg_token.expand(B, -1, -1)], dim=1)
         return self.pos_drop(x)
 
+    def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Images ``(B, C, H, W)`` -> tokens ``(B, T, D)`` and the RoPE table for their patch grid."""
+        grid = self.patch_embed.feat_size(x)
+        return self._tokens(self.patch_embed(x), grid), self.rope_for(grid)
+
     def forward_features(self, x: Tensor) -> Tensor:
-        x = self._tokens(self.patch_embed(x))  # (B, T, D)
+        x, rope = self._embed(x)  # (B, T, D)
         for blk in self.blocks:
-            x = blk(x, self.rope)
+            x = blk(x, rope)
         return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:
         if self.cfg.global_pool == "avg":
-            return x[:, self.num_front:self.num_front + self.num_patches].mean(dim=1)  # patch tokens only
+            return x[:, self.num_front:x.shape[1] - self.num_end].mean(dim=1)  # patch tokens only
         return x[:, 0]
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -154,9 +184,9 @@ class VisionTransformer(VitlabModel):
     def get_intermediate_layers(self, x: Tensor, n: int | list[int] = 1, norm: bool = False) -> list[Tensor]:
         keep = set(range(len(self.blocks) - n, len(self.blocks))) if isinstance(n, int) else set(n)
         out = []
-        x = self._tokens(self.patch_embed(x))
+        x, rope = self._embed(x)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, self.rope)
+            x = blk(x, rope)
             if i in keep:
                 out.append(self.norm(x) if norm else x)
         return out

@@ -1,0 +1,108 @@
+"""vitlab presets in timm's model registry, so timm's own code (``create_model``, ``validate.py``) builds them.
+
+Two spellings name preset ``P``: ``vitlab.P`` (one timm architecture ``vitlab`` whose pretrained tags are the
+presets) and ``vitlab_P`` (one architecture per preset; ``timm.list_models('vitlab_*')`` lists them). Both
+return the vitlab model itself, so every keyword of :class:`vitlab.ModelConfig` passes through
+(``num_classes``, ``img_size``, ``in_chans``, ``depth``, ``dynamic_img_size``...).
+
+Weights: ``checkpoint_path=RUN/model.safetensors`` (timm's loader, strict), or ``pretrained=True,
+pretrained_cfg_overlay=dict(file=RUN)``, which rebuilds the checkpoint's own architecture and carries its
+normalisation in ``pretrained_cfg``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from timm.models import PretrainedCfg
+from timm.models._registry import DefaultCfg, is_model, model_entrypoint, register_model
+
+from vitlab.errors import ConfigError
+from vitlab.models import PRESETS, VitlabModel, create_model, get_config
+from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
+
+ARCH = "vitlab"  # timm.create_model("vitlab.<preset>")
+PREFIX = "vitlab_"  # timm.create_model("vitlab_<preset>")
+
+__all__ = ["ARCH", "PREFIX", "register_timm", "timm_names"]
+
+default_cfgs: dict[str, DefaultCfg] = {}  # read by timm's register_model: this module's pretrained cfgs
+
+
+def timm_names(dotted: bool = True) -> list[str]:
+    """The names timm knows vitlab's presets by: ``vitlab.P`` (``dotted``) or ``vitlab_P``."""
+    return [f"{ARCH}.{p}" if dotted else f"{PREFIX}{p}" for p in PRESETS]
+
+
+def register_timm() -> list[str]:
+    """Register every vitlab preset in timm's registry (idempotent); returns the ``vitlab_P`` names.
+
+    ``import vitlab`` calls this itself when timm is already imported; import timm first, or call it."""
+    if model_entrypoint_is_ours(ARCH):
+        return timm_names(dotted=False)
+    cfgs = {p: PretrainedCfg(**build_pretrained_cfg(get_config(p))) for p in PRESETS}
+    default_cfgs[ARCH] = DefaultCfg(tags=deque(PRESETS), cfgs=dict(cfgs))
+    _register(ARCH, _dotted_entrypoint)
+    for preset, cfg in cfgs.items():
+        default_cfgs[PREFIX + preset] = DefaultCfg(tags=deque([""]), cfgs={"": cfg})
+        _register(PREFIX + preset, _preset_entrypoint(preset))
+    return timm_names(dotted=False)
+
+
+def model_entrypoint_is_ours(name: str) -> bool:
+    return is_model(name) and getattr(model_entrypoint(name), "__module__", None) == __name__
+
+
+def _register(name: str, fn: Callable[..., VitlabModel]) -> None:
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = __name__
+    setattr(sys.modules[__name__], name, fn)
+    register_model(fn)
+
+
+def _dotted_entrypoint(pretrained: bool = False, pretrained_cfg: Any = None, **kwargs: Any) -> VitlabModel:
+    """timm passes the tag of ``vitlab.<preset>`` as ``pretrained_cfg``."""
+    preset = pretrained_cfg.tag if isinstance(pretrained_cfg, PretrainedCfg) else pretrained_cfg
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ConfigError(f"name a vitlab preset after the dot, e.g. timm.create_model('{ARCH}.vit_mnist'); "
+                          f"got {preset!r}; `vitlab models` lists them")
+    return build_for_timm(preset, pretrained=pretrained, **kwargs)
+
+
+def _preset_entrypoint(preset: str) -> Callable[..., VitlabModel]:
+    def entry(pretrained: bool = False, pretrained_cfg: Any = None, **kwargs: Any) -> VitlabModel:
+        if isinstance(pretrained_cfg, str) and pretrained_cfg:
+            raise ConfigError(f"{PREFIX}{preset} has no pretrained tag {pretrained_cfg!r}; drop the "
+                              f"'.{pretrained_cfg}'")
+        return build_for_timm(preset, pretrained=pretrained, **kwargs)
+
+    entry.__doc__ = f"vitlab preset {preset} (see vitlab.create_model)."
+    return entry
+
+
+def build_for_timm(preset: str, *, pretrained: bool = False, pretrained_cfg_overlay: dict | None = None,
+                   cache_dir: Any = None, **kwargs: Any) -> VitlabModel:
+    """The vitlab model for ``timm.create_model``: preset ``preset`` with ``kwargs`` as :class:`ModelConfig`
+    overrides; ``pretrained=True`` loads ``pretrained_cfg_overlay['file']`` (a vitlab checkpoint or weight file)."""
+    overlay = dict(pretrained_cfg_overlay or {})
+    file = overlay.pop("file", None)
+    if pretrained:
+        if not file:
+            raise ConfigError(f"vitlab preset {preset} has no downloadable weights; load a checkpoint with "
+                              "pretrained_cfg_overlay=dict(file='RUN_DIR') or "
+                              "checkpoint_path='RUN_DIR/model.safetensors'")
+        from vitlab.interop.pretrained import load_pretrained, read_weights
+
+        _, file_cfg = read_weights(file)
+        if file_cfg is not None and file_cfg.name not in ("", preset):
+            raise ConfigError(f"{file} holds a {file_cfg.name} model, not {preset}; create it as "
+                              f"'{ARCH}.{file_cfg.name}'")
+        model = load_pretrained(None if file_cfg is not None else preset, file, **kwargs)
+    else:
+        model = create_model(preset, **kwargs)
+    if overlay:
+        set_pretrained_cfg(model, {**model.pretrained_cfg, **overlay})
+    return model
