@@ -134,7 +134,7 @@ class VisionTransformer(VitlabModel):
     def forward_features(self, x: Tensor) -> Tensor:
         x = self._tokens(self.patch_embed(x))  # (B, T, D)
         for blk in self.blocks:
-            x = blk(x, self.rope)
+            x = self._run_block(blk, x, self.rope)
         return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:
@@ -167,3 +167,6 @@ class VisionTransformer(VitlabModel):
         if isinstance(self.head, nn.Linear):
             rows.append(FlopRow("head", self.head, 1, {}))
         return rows
+
+    def _token_layout(self) -> tuple[int, int]:
+        return self.num_front, self.num_end
