@@ -11,7 +11,9 @@ Per side and setting, one training step's forward and backward (no optimiser) gi
   (``torch.autograd.graph.saved_tensors_hooks``, parameters and buffers excluded), i.e. the activations;
 - **peak**: the high-water mark of tensor memory allocated during forward + backward (the CPU memory profiler's
   allocation trace; the recomputed block's activations show up here);
-- **step**: the median seconds of ``--steps`` forward + backward passes after a warm-up one.
+- **step**: the median CPU seconds (``time.thread_time``) of ``--steps`` forward + backward passes after a
+  warm-up one, on one thread: CPU time, unlike wall time, does not change with the load other processes put
+  on a shared machine.
 
 Writes ``grad_checkpointing.md`` and ``grad_checkpointing.json`` into ``--out`` (default benchmarks/results).
 """
@@ -80,11 +82,11 @@ def step_seconds(model: nn.Module, x: torch.Tensor, *, checkpointing: bool, step
     model.set_grad_checkpointing(checkpointing)
     times = []
     for i in range(steps + 1):  # the first is a warm-up
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         loss_of(model, x).backward()
         model.zero_grad(set_to_none=True)
         if i:
-            times.append(time.perf_counter() - t0)
+            times.append(time.thread_time() - t0)
     return statistics.median(times)
 
 
@@ -107,16 +109,25 @@ def measure(model: nn.Module, x: torch.Tensor, steps: int) -> dict:
 
 def run(*, model: str = "cait_s36", img_size: int = 224, batch: int = 2, steps: int = 3, out: Path = RESULTS,
         overrides: dict | None = None, command: str = "") -> dict:
-    """Measure both sides and write ``grad_checkpointing.{md,json}`` into ``out``; returns the report."""
+    """Measure both sides (on one thread) and write ``grad_checkpointing.{md,json}`` into ``out``; returns the
+    report."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(model, img_size, batch, steps, Path(out), overrides or {}, command)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(model: str, img_size: int, batch: int, steps: int, out: Path, overrides: dict, command: str) -> dict:
     torch.manual_seed(0)
     ours = vitlab.create_model(model, img_size=img_size, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
-                               **(overrides or {})).train()
+                               **overrides).train()
     theirs = vitlab.to_timm(ours).train()
     x = torch.randn(batch, ours.cfg.in_chans, img_size, img_size)
     report = dict(command=command, machine=machine(), torch=torch.__version__, timm_version=_timm_version(),
                   threads=torch.get_num_threads(), model=model, img_size=img_size, batch=batch, steps=steps,
-                  overrides=overrides or {}, vitlab=measure(ours, x, steps), timm=measure(theirs, x, steps))
-    out = Path(out)
+                  overrides=overrides, vitlab=measure(ours, x, steps), timm=measure(theirs, x, steps))
     with atomic_path(out / "grad_checkpointing.json") as tmp:
         tmp.write_text(json.dumps(report, indent=1) + "\n")
     with atomic_path(out / "grad_checkpointing.md") as tmp:
@@ -127,10 +138,11 @@ def run(*, model: str = "cait_s36", img_size: int = 224, batch: int = 2, steps: 
 def markdown(r: dict) -> str:
     lines = [f"# Gradient checkpointing: {r['model']} at {r['img_size']}, batch {r['batch']}", "",
              f"`{r['command'] or 'benchmarks/grad_checkpointing.py'}`  ",
-             f"Machine: {r['machine']}; torch {r['torch']}, timm {r['timm_version']}, {r['threads']} threads, fp32, "
-             f"train mode without dropout/drop-path; forward + backward, median of {r['steps']} steps.", "",
+             f"Machine: {r['machine']}; torch {r['torch']}, timm {r['timm_version']}, {r['threads']} thread, fp32, "
+             f"train mode without dropout/drop-path; forward + backward, step = median CPU seconds of {r['steps']} "
+             f"steps.", "",
              "| side | kept for backward, MB (plain -> ckpt) | ratio | peak step memory, MB (plain -> ckpt) | ratio "
-             "| step s (plain -> ckpt) | ratio |",
+             "| step CPU s (plain -> ckpt) | ratio |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for side in ("vitlab", "timm"):
         s = r[side]
