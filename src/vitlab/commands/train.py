@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--label-smoothing", type=float, default=S)
     g.add_argument("--clip-grad", type=float, default=S, help="max gradient norm (0: off)")
     g.add_argument("--ema-decay", type=float, default=S, help="EMA of the weights (0: off), e.g. 0.999")
+    g.add_argument("--layer-decay", type=float, default=S, help="layer-wise lr decay (BEiT/timm), e.g. 0.75 (off)")
     g = p.add_argument_group("augmentation (unset: the data set's defaults)")
     g.add_argument("--degrees", type=float, default=S)
     g.add_argument("--scale", type=float, nargs=2, default=S, metavar=("LOW", "HIGH"))

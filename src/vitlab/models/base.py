@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
+from vitlab.errors import ConfigError
 from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
 from vitlab.models.config import ModelConfig
@@ -27,6 +32,7 @@ class VitlabModel(nn.Module):
 
     cfg: ModelConfig
     num_prefix_tokens: int = 1
+    grad_checkpointing: bool = False
 
     def forward_features(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, T, D)
         raise NotImplementedError
@@ -95,6 +101,170 @@ class VitlabModel(nn.Module):
     def get_intermediate_layers(self, x: Tensor, n: int | list[int] = 1, norm: bool = False) -> list[Tensor]:
         """Outputs ``(B, T, D)`` of the last ``n`` self-attention blocks, or of the blocks at indices ``n``."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ timm 1.x: features, checkpointing, groups
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (timm's name): the
+        same loss and gradients for less activation memory and about one more block forward per step."""
+        self.grad_checkpointing = enable
+
+    def _run_block(self, blk: nn.Module, x: Tensor, *args) -> Tensor:
+        """``blk(x, *args)``, checkpointed when gradient checkpointing is on and autograd records."""
+        if not (self.grad_checkpointing and torch.is_grad_enabled()):
+            return blk(x, *args)
+        return checkpoint(_recomputable(blk), x, *args, use_reentrant=False)
+
+    def forward_intermediates(self, x: Tensor, indices: int | list[int] | None = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False
+                              ) -> list | tuple[Tensor, list]:
+        """timm's feature API: the outputs of the blocks at ``indices`` (int: the last n; list: these indices,
+        negative counting from the end; None: all) and, unless ``intermediates_only``, the final features
+        (``forward_features``). ``norm`` applies the final norm to each; ``output_fmt='NCHW'`` gives the patch
+        tokens as ``(B, D, H/p, W/p)`` maps, ``'NLC'`` as ``(B, N, D)``; ``return_prefix_tokens`` pairs each with
+        its ``(B, P, D)`` class and register tokens (registers after the patches included). ``stop_early`` runs
+        only the blocks up to the last index taken (then the final features come from there, as in timm)."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ConfigError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, last = feature_take_indices(len(self.blocks), indices)
+        captured: dict[int, Tensor] = {}
+        hooks = [self.blocks[i].register_forward_hook(_capture(captured, i)) for i in set(take)]
+        try:
+            with self._truncated_blocks(last + 1 if stop_early else len(self.blocks)):
+                final = self.forward_features(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        front, end = self._token_layout()
+        out = []
+        for i in take:
+            y = self.norm(captured[i]) if norm else captured[i]  # (B, T, D)
+            patches = y[:, front:y.shape[1] - end]  # (B, N, D)
+            if output_fmt == "NCHW":
+                h, w = self._feature_grid(x, patches.shape[1])
+                patches = patches.reshape(y.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()  # (B, D, h, w)
+            if return_prefix_tokens and front + end:
+                patches = (patches, torch.cat([y[:, :front], y[:, y.shape[1] - end:]], dim=1))  # (B, P, D)
+            out.append(patches)
+        return out if intermediates_only else (final, out)
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Drop the blocks after the last of ``indices`` (timm's semantics), the final norm if ``prune_norm``
+        and the classifier if ``prune_head``; returns the absolute indices kept for ``forward_intermediates``."""
+        take, last = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:last + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self._prune_head()
+        return take
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, str | list]:
+        """timm's parameter grouping (``coarse`` is accepted for timm's signature; a ViT has no coarser stages):
+        ``stem`` (embeddings and tokens) is layer 0, block ``i`` layer ``i + 1``, the final norm joins the last
+        block, anything unmatched (head, fc_norm) comes last. Drives layer-wise learning-rate decay in
+        ``timm.optim.create_optimizer_v2(model, layer_decay=...)`` and ``vitlab train --layer-decay``."""
+        return dict(stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed",
+                    blocks=[(r"^blocks\.(\d+)", None), *self._extra_block_groups(), (r"^norm\.", MATCH_PREV_GROUP)])
+
+    # per-model hooks of the methods above
+    def _token_layout(self) -> tuple[int, int]:
+        """How many tokens sit before and after the patch tokens in the blocks' input."""
+        return self.num_prefix_tokens, 0
+
+    def _prune_head(self) -> None:
+        if hasattr(self, "fc_norm"):
+            self.fc_norm = nn.Identity()
+        self.reset_classifier(0)
+
+    def _extra_block_groups(self) -> list[tuple[str, tuple[int, ...] | None]]:
+        """More ``(regex, ordinal)`` entries of the ``blocks`` group (CaiT: its class-attention blocks)."""
+        return []
+
+    def _feature_grid(self, x: Tensor, num_patches: int) -> tuple[int, int]:
+        p = self.patch_embed.patch_size
+        ph, pw = p if isinstance(p, tuple) else (p, p)
+        h, w = x.shape[-2] // ph, x.shape[-1] // pw
+        if h * w != num_patches:
+            raise ConfigError(f"{num_patches} patch tokens do not form the {h}x{w} grid of a {tuple(x.shape[-2:])} "
+                              f"image; use output_fmt='NLC'")
+        return h, w
+
+    @contextlib.contextmanager
+    def _truncated_blocks(self, n: int) -> Iterator[None]:
+        """Within the block, ``self.blocks`` holds its first ``n`` blocks only."""
+        full = self.blocks
+        if n < len(full):
+            self.blocks = full[:n]
+        try:
+            yield
+        finally:
+            self.blocks = full
+
+
+# timm's marker (``timm.models._manipulate.MATCH_PREV_GROUP``): a group ordinal ending in it joins the group before
+MATCH_PREV_GROUP = (99999,)
+
+
+def feature_take_indices(num_blocks: int, indices: int | list[int] | tuple[int, ...] | None) -> tuple[list[int], int]:
+    """Absolute block indices for ``indices`` (None: all; int n: the last n; a sequence: these, negative ones
+    counting from the end) and the largest of them."""
+    if indices is None:
+        indices = num_blocks
+    if isinstance(indices, int):
+        if not 0 < indices <= num_blocks:
+            raise ConfigError(f"indices={indices} asks for the last {indices} blocks of {num_blocks}; "
+                              f"use 1 to {num_blocks}")
+        take = list(range(num_blocks - indices, num_blocks))
+    else:
+        take = [num_blocks + i if i < 0 else i for i in indices]
+        bad = [i for i, t in zip(indices, take) if not 0 <= t < num_blocks]
+        if bad or not take:
+            raise ConfigError(f"block indices {list(indices)} are out of range for {num_blocks} blocks; "
+                              f"use indices in {-num_blocks}..{num_blocks - 1}")
+    return take, max(take)
+
+
+def _capture(into: dict[int, Tensor], index: int) -> Callable:
+    def hook(_module: nn.Module, _inputs: tuple, output: Tensor) -> None:
+        into[index] = output
+    return hook
+
+
+def _recomputable(blk: nn.Module) -> Callable:
+    """``blk`` for checkpointing, its recomputation in the backward pass made a true replay of the first pass:
+    inside a sliced step (:func:`vitlab.perf.slice_generator`) it redraws the slice generator's numbers
+    (checkpoint restores only torch's global RNG), so drop-path masks match, and batch norms in training
+    (DeepViT's re-attention) keep the running statistics of the first pass instead of updating them twice."""
+    from vitlab.perf import slice_generator
+
+    gen = slice_generator()
+    norms = [m for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
+             and m.track_running_stats]
+    if gen is None and not norms:
+        return blk
+    start, calls = (gen.get_state() if gen is not None else None), [0]
+
+    def run(*args) -> Tensor:
+        calls[0] += 1
+        if calls[0] == 1:
+            return blk(*args)
+        resume = gen.get_state() if gen is not None else None
+        stats = [[b.clone() for b in m.buffers(recurse=False)] for m in norms]
+        if gen is not None:
+            gen.set_state(start)
+        try:
+            return blk(*args)
+        finally:
+            if gen is not None:
+                gen.set_state(resume)
+            with torch.no_grad():
+                for m, saved in zip(norms, stats):
+                    for b, v in zip(m.buffers(recurse=False), saved):
+                        b.copy_(v)
+    return run
 
 
 def module_flops(module: nn.Module, num_tokens: int, matmul_only: bool = False, **kwargs) -> int:

@@ -87,11 +87,18 @@ class Cait(ResizableInput, VitlabModel):
     def forward_features(self, x: Tensor) -> Tensor:
         x = self._patch_tokens(x)
         for blk in self.blocks:
-            x = blk(x)
+            x = self._run_block(blk, x)
+        if self.blocks_token_only is not None:  # None: pruned by prune_intermediate_layers
+            x = self.forward_cls(x)
+        return self.norm(x)
+
+    def forward_cls(self, x: Tensor) -> Tensor:
+        """Patch tokens ``(B, N, D)`` -> ``(B, 1 + N, D)``: the class token through the class-attention blocks,
+        prepended."""
         cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
         for blk in self.blocks_token_only:
             cls = blk(x, cls)
-        return self.norm(torch.cat([cls, x], dim=1))  # (B, 1 + N, D)
+        return torch.cat([cls, x], dim=1)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         x = x[:, 1:].mean(dim=1) if self.cfg.global_pool == "avg" else x[:, 0]
@@ -117,3 +124,20 @@ class Cait(ResizableInput, VitlabModel):
         if isinstance(self.head, nn.Linear):
             rows.append(FlopRow("head", self.head, 1, {}))
         return rows
+
+    def _token_layout(self) -> tuple[int, int]:
+        return 0, 0  # the self-attention blocks see the patches only
+
+    def _prune_head(self) -> None:
+        """As timm: the class token and class-attention blocks go with the head."""
+        self.blocks_token_only = None
+        self.cls_token = None
+        self.num_prefix_tokens = 0
+        self.reset_classifier(0)
+
+    def _extra_block_groups(self) -> list[tuple[str, tuple[int, ...] | None]]:
+        # timm's grouping: class-attention block j shares a layer with block depth - depth_token_only + j
+        if self.blocks_token_only is None:
+            return []
+        offset = len(self.blocks) - len(self.blocks_token_only)
+        return [(rf"^blocks_token_only\.{j}\.", (offset + j,)) for j in range(len(self.blocks_token_only))]

@@ -169,7 +169,7 @@ class VisionTransformer(ResizableInput, VitlabModel):
     def forward_features(self, x: Tensor) -> Tensor:
         x, rope = self._embed(x)  # (B, T, D)
         for blk in self.blocks:
-            x = blk(x, rope)
+            x = self._run_block(blk, x, rope)
         return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:
@@ -202,3 +202,6 @@ class VisionTransformer(ResizableInput, VitlabModel):
         if isinstance(self.head, nn.Linear):
             rows.append(FlopRow("head", self.head, 1, {}))
         return rows
+
+    def _token_layout(self) -> tuple[int, int]:
+        return self.num_front, self.num_end

@@ -80,6 +80,7 @@ class RunConfig:
     drop_path: float | None = None  # the model's drop_path_rate
     drop_path_rule: str | None = None  # uniform | linear (None: the preset's)
     ema_decay: float | None = None  # 0: off
+    layer_decay: float | None = None  # layer-wise lr decay (BEiT / timm), e.g. 0.75; None or 1: off
     # augmentation; None takes the defaults of the kind of image (AUGMENT_DEFAULTS)
     degrees: float | None = None
     scale: tuple[float, float] | None = None
@@ -147,6 +148,9 @@ class RunConfig:
                 raise ConfigError(f"{key} must be in [0, 1), got {v}; fix --{key.replace('_', '-')}")
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}; e.g. --lr 1e-3")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ConfigError(f"layer_decay must be in (0, 1], got {self.layer_decay}; e.g. --layer-decay 0.75 "
+                              f"(1 or unset: off)")
         if self.amp not in AMP_MODES:
             raise ConfigError(f"unknown amp {self.amp!r}; choose one of {', '.join(AMP_MODES)}")
         if self.drop_path_rule not in (None, "uniform", "linear"):

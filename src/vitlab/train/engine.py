@@ -115,7 +115,8 @@ class Trainer:
         self.train_data = self._to_device(train_split)
         self.test_data = self._to_device(test_split)
         self.pipeline = BatchPipeline(cfg, self.mean, self.std, len(self.classes), in_chans)
-        self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                         layer_decay=cfg.layer_decay)
         total = cfg.epochs * self.steps_per_epoch
         self.scheduler = WarmupCosine(self.optimizer, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=total,
                                       warmup_steps=round(cfg.warmup_epochs * self.steps_per_epoch))
