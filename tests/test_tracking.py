@@ -123,6 +123,23 @@ def test_tensorboard_round_trip_with_resume(tmp_path):
     assert "params/text_summary" in acc.Tags()["tensors"]  # the params as a text table
 
 
+def test_tensorboard_resume_drops_epochs_logged_after_the_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    from vitlab.train.tracking import open_tracker
+
+    first = open_tracker("tensorboard", tmp_path)
+    for epoch in (1, 2, 3):  # epochs 2 and 3 were logged, then the run died before their checkpoint
+        first.log_metrics({"test_acc": epoch / 10}, epoch)
+    first.close("failed")
+    again = open_tracker("tensorboard", tmp_path, start_step=1)  # resumed from the epoch-1 checkpoint
+    for epoch in (2, 3):
+        again.log_metrics({"test_acc": epoch / 100}, epoch)
+    again.close()
+    events = tb_events(tmp_path / "tensorboard").Scalars("test_acc")
+    assert [(e.step, e.value) for e in events] == [(1, pytest.approx(0.1)), (2, pytest.approx(0.02)),
+                                                   (3, pytest.approx(0.03))]
+
+
 def test_tensorboard_study_figures_are_images(tmp_path):
     pytest.importorskip("tensorboard")
     out = tmp_path / "sweep"
