@@ -88,32 +88,6 @@ def test_short_run_writes_every_output(short_run):
     assert state["progress"]["epoch"] == 2 and state["progress"]["global_step"] == 8
 
 
-def test_tensorboard_scalars_when_it_imports(tmp_path, monkeypatch):
-    import types
-
-    calls = []
-
-    class Writer:
-        def __init__(self, log_dir: str) -> None:
-            calls.append(("dir", log_dir))
-
-        def add_scalar(self, tag: str, value: float, step: int) -> None:
-            calls.append((tag, step))
-
-        def flush(self) -> None:
-            pass
-
-        def close(self) -> None:
-            calls.append(("close", None))
-
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
-    out = tmp_path / "o"
-    assert run_cli(*TINY, "--epochs", "2", "--output", str(out)) == 0
-    assert calls[0] == ("dir", str(out / "tensorboard")) and calls[-1] == ("close", None)
-    assert {c for c in calls if c[0] == "test_acc"} == {("test_acc", 1), ("test_acc", 2)}
-    assert {tag for tag, _ in calls} >= {"train_loss", "test_loss", "lr"}
-
-
 def test_same_seed_same_metrics_other_seed_differs(short_run, tmp_path):
     again = tmp_path / "again"
     assert run_cli(*TINY, "--epochs", "2", "--output", str(again)) == 0

@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.errors import ConfigError
-    from vitlab.experiments.common import base_run_config, check_output, command_line, run_all
+    from vitlab.experiments.common import base_run_config, check_output, command_line, run_all, track_study
     from vitlab.experiments.compare import (
         compare_specs,
         entries,
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             "pretrained": {e.label: e.init for e in items if e.init}, "seeds": args.seeds,
             "run_config": cfg.to_dict()}
     result = write_compare(out, pairs, title=f"Comparison on {args.dataset}", command=command_line(args), meta=meta)
+    track_study(out, args.logger, pairs, meta)
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
         print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         model_overrides,
         parse_ints,
         run_all,
+        track_study,
     )
     from vitlab.experiments.depth_study import (
         VARIANT_RUN,
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     title = f"Depth study on {args.dataset} (width of {args.base})"
     result = write_study(out, rows, ratio_rows, layer_rows, deepest, variants=variants, depths=depths,
                          threshold=args.threshold, title=title, command=command_line(args), meta=meta)
+    track_study(out, args.logger, pairs, meta)
     for a in result["summary"]:
         print(f"{a['variant']:<10} depth {a['depth']:>3}: test accuracy {100 * a['test_acc_mean']:.2f}% "
               f"+- {100 * a['test_acc_std']:.2f}, mean similarity {a['mean_similarity_mean']:.3f}, "

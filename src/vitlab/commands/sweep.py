@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         model_overrides,
         parse_set,
         run_all,
+        track_study,
         yaml_value,
     )
     from vitlab.experiments.sweep import parse_params, sweep_specs, write_sweep
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             "run_config": base.to_dict()}
     command = command_line(args, paired=("param", "values"))
     result = write_sweep(out, pairs, params, title=title, command=command, meta=meta)
+    track_study(out, args.logger, pairs, meta)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
         print(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "

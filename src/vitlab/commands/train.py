@@ -78,6 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--checkpoint-every", type=int, default=S, metavar="N", help="also save every N steps")
     g.add_argument("--skip-nonfinite", action="store_true", default=S, help="skip steps with a NaN/inf loss")
     g.add_argument("--no-progress", dest="progress", action="store_false", default=S)
+    g.add_argument("--logger", default=S, metavar="NAME", help="also track the run in tensorboard | mlflow | wandb "
+                   "(default none: metrics.jsonl and summary.json only); docs/training.md#tracking")
     p.set_defaults(func=run)
 
 

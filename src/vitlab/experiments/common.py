@@ -124,7 +124,7 @@ def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, b
 
 
 IGNORED = ("output", "progress", "device", "threads", "data_dir", "download", "eval_batch_size", "checkpoint_every",
-           "compile", "amp")
+           "compile", "amp", "logger")
 
 
 def changed_options(cfg: Any, run_dir: Path) -> list[str]:
@@ -455,6 +455,8 @@ def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs pe
                    help="any other run option of `vitlab train` for every run (repeatable), e.g. warmup_epochs=1")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no per-epoch progress bars (one line per run is still printed)")
+    p.add_argument("--logger", default="none", metavar="NAME",
+                   help="also track every run and the study's figures in tensorboard | mlflow | wandb (default none)")
 
 
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
@@ -469,12 +471,34 @@ def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
         epochs = budget_epochs(args.budget, fields.get("dataset", "mnist-5k"), args.limit_train)
     opts = {"epochs": epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
             "limit_test": args.limit_test, "data_dir": args.data_dir, "device": args.device,
-            "threads": args.threads, "progress": args.progress}
+            "threads": args.threads, "progress": args.progress, "logger": getattr(args, "logger", None)}
     if args.no_augment:
         opts.update(NO_AUGMENT)
     cfg = RunConfig(**{**{k: v for k, v in opts.items() if v is not None}, **extra, **fields})
     cfg.validate()
     return cfg
+
+
+def track_study(out: Path, logger: str, pairs: Sequence[tuple[RunSpec, dict]], params: dict[str, Any]) -> None:
+    """Log a finished study to the ``--logger`` backend as one tracker run of its own (each training run has
+    its own already): the study's settings as params, every run's final test accuracy and the best as its
+    summary, and every figure (``*.png``) in ``out``."""
+    from vitlab.train.tracking import open_tracker
+
+    tracker = open_tracker(logger, out)
+    if tracker is None:
+        return
+    accs = {f"test_acc/{spec.name}": summary_value(summary, "test_acc") for spec, summary in pairs}
+    finite = [v for v in accs.values() if v == v]
+    status = "failed"
+    try:
+        tracker.log_params(params)
+        tracker.log_summary({"runs": len(pairs), "best_test_acc": max(finite, default=float("nan")), **accs})
+        for figure in sorted(out.glob("*.png")):
+            tracker.log_figure(figure)
+        status = "finished"
+    finally:
+        tracker.close(status)
 
 
 def yaml_value(text: str) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 
 from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
+from vitlab.train.tracking import check_logger
 
 __all__ = ["AUGMENT_DEFAULTS", "NO_AUGMENT", "RunConfig", "canonical_dataset", "coerce", "load_yaml",
            "model_defaults", "size_defaults"]
@@ -104,6 +105,7 @@ class RunConfig:
     skip_nonfinite: bool = False
     output: str | None = None
     progress: bool = True
+    logger: str = "none"  # experiment tracking: none | tensorboard | mlflow | wandb (vitlab.train.tracking)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -155,6 +157,7 @@ class RunConfig:
             raise ConfigError(f"unknown amp {self.amp!r}; choose one of {', '.join(AMP_MODES)}")
         if self.drop_path_rule not in (None, "uniform", "linear"):
             raise ConfigError(f"unknown drop_path_rule {self.drop_path_rule!r}; choose uniform or linear")
+        check_logger(self.logger)
         if self.scale is not None and not 0 < self.scale[0] <= self.scale[1]:
             raise ConfigError(f"scale {self.scale} must be two numbers 0 < low <= high, e.g. 0.9 1.1")
 

@@ -40,6 +40,7 @@ from vitlab.train.resume import Resume
 from vitlab.train.run_model import create_for_run, model_input, model_macs, run_model_overrides, token_count
 from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
+from vitlab.train.tracking import check_logger
 
 INIT_STREAM, AUG_STREAM = 0x1417, 0xA06
 SMALL_MODEL_MACS = 50_000_000  # per image; below it a CPU run uses one thread unless told otherwise
@@ -79,6 +80,7 @@ class Trainer:
         self.ctx, self.on_step, self.stop = ctx, on_step, StopRequest()
         self.device = ctx.device
         cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
+        check_logger(cfg.logger)  # a missing tracking backend is refused before any data loads
         resumed = Resume.load(resume) if resume is not None else None
         img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
         if resumed is not None:  # refuse another architecture before loading any data
@@ -255,22 +257,25 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg, p = self.cfg, self.progress
-        logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch) \
-            if self.ctx.is_main else None
+        logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch, tracker=cfg.logger,
+                           params=self.run_config()) if self.ctx.is_main else None
         if self.ctx.is_main:
             self._announce()
+        status = "failed"
         try:
             with self.stop:
                 while p.epoch < cfg.epochs:
                     if not self._run_epoch(logger) and p.epoch < cfg.epochs:
+                        status = "stopped"
                         return self._interrupted()
             summary = self.summary()
             if logger is not None:
                 logger.write_summary(summary)
+            status = "finished"
             return TrainResult(self.out_dir, summary)
         finally:
             if logger is not None:
-                logger.close()
+                logger.close(status)
 
     def _announce(self) -> None:
         c, d = self.cfg, self.data_info

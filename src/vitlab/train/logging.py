@@ -1,5 +1,6 @@
 """Run outputs besides checkpoints: the tqdm bar, one printed line and one ``metrics.jsonl`` row per epoch,
-TensorBoard scalars when ``tensorboard`` imports, and ``summary.json``. Only rank 0 creates a logger."""
+``summary.json``, and the same to the ``--logger`` tracker (:mod:`vitlab.train.tracking`). Only rank 0 creates a
+logger."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.atomic import atomic_write_text
+from vitlab.train.tracking import open_tracker
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
 
@@ -27,21 +29,19 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
 
 
 class RunLogger:
-    """Writes metrics under ``out_dir``; ``completed_epochs`` rows already there are kept (resume)."""
+    """Writes metrics under ``out_dir``; ``completed_epochs`` rows already there are kept (resume). ``tracker``
+    names the ``--logger`` backend that also receives ``params`` (the run config), each row and the summary."""
 
-    def __init__(self, out_dir: Path, *, progress: bool = True, completed_epochs: int = 0) -> None:
+    def __init__(self, out_dir: Path, *, progress: bool = True, completed_epochs: int = 0, tracker: str = "none",
+                 params: dict[str, Any] | None = None) -> None:
         self.out_dir = out_dir
         self.progress = progress
         self.metrics_path = out_dir / METRICS
         rows = [r for r in read_metrics(out_dir) if r.get("epoch", 0) <= completed_epochs]
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
-        self.tb = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
-        except ImportError:
-            pass
+        self.tracker = open_tracker(tracker, out_dir, start_step=completed_epochs)
+        if self.tracker is not None and params is not None:
+            self.tracker.log_params(params)
 
     def bar(self, *, epoch: int, epochs: int, total: int, initial: int):
         """A tqdm bar over the steps of one epoch, or None with ``--no-progress``."""
@@ -55,16 +55,17 @@ class RunLogger:
     def log_epoch(self, row: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            for key in ("train_loss", "test_loss", "test_acc", "lr"):
-                self.tb.add_scalar(key, row[key], row["epoch"])
-            self.tb.flush()
+        if self.tracker is not None:
+            self.tracker.log_metrics({k: v for k, v in row.items() if k not in ("epoch", "step")}, row["epoch"])
         print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  test_loss {row['test_loss']:.4f}  "
               f"test_acc {100 * row['test_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        if self.tracker is not None:
+            self.tracker.log_summary(summary)
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+    def close(self, status: str = "finished") -> None:
+        """End the tracker run as ``finished``, ``stopped`` (a signal; resumable) or ``failed``."""
+        if self.tracker is not None:
+            self.tracker.close(status)

@@ -18,7 +18,7 @@ from vitlab.train.config import RunConfig
 
 # run options a resumed run may change without breaking the continuation
 RESUMABLE = {"epochs", "output", "progress", "checkpoint_every", "device", "threads", "slices", "eval_batch_size",
-             "skip_nonfinite", "data_dir", "download", "compile", "model", "model_overrides"}
+             "skip_nonfinite", "data_dir", "download", "compile", "model", "model_overrides", "logger"}
 
 
 def resume_config(resume: str | Path, changes: dict[str, Any]) -> RunConfig:
