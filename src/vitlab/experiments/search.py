@@ -150,8 +150,8 @@ class SearchConfig:
     def signature(self) -> dict[str, Any]:
         """What a resumed search must share with the stored one (trials, pruner and seed may change)."""
         run = {k: v for k, v in self.base.to_dict().items() if k not in IGNORED and k != "seed"}
-        sig = {"model": self.model, "dataset": self.dataset, "space": [p.describe() for p in self.params],
-               "fixed": self.fixed, "run": run, "objective": self.objective}
+        sig = {**run, "model": self.model, "dataset": self.dataset, "space": [p.describe() for p in self.params],
+               "fixed": self.fixed, "objective": self.objective}
         return json.loads(json.dumps(sig, default=str))
 
 
@@ -190,8 +190,8 @@ def open_study(config: SearchConfig) -> Any:
     if stored is None:
         study.set_user_attr("signature", sig)
     elif stored != sig:
-        diff = [f"{k} {json.dumps(stored.get(k))} there, {json.dumps(sig[k])} now" for k in sig
-                if stored.get(k) != sig[k]]
+        diff = [f"{k} {json.dumps(stored.get(k))} there, {json.dumps(sig.get(k))} now" for k in {**stored, **sig}
+                if stored.get(k) != sig.get(k)]
         raise ConfigError(f"{db} holds a search with other settings ({'; '.join(diff)}); pass another --output "
                           "for the new settings")
     return study
@@ -248,6 +248,7 @@ def run_trial(study: Any, config: SearchConfig, log: Any) -> Any:
     from vitlab.checkpoint import CONFIG
     from vitlab.train.engine import NonFiniteLoss, train
     from vitlab.train.logging import read_metrics
+    from vitlab.train.resume import resume_config
     from vitlab.train.seeding import derive_seed
 
     number = len(study.get_trials(deepcopy=False))
@@ -270,7 +271,9 @@ def run_trial(study: Any, config: SearchConfig, log: Any) -> Any:
     except ConfigError as exc:
         return _fail(study, trial, f"invalid: {exc}", log, where)
     resume = run_dir if (run_dir / CONFIG).is_file() else None
-    if resume is not None:  # an interrupted trial: its finished epochs are reported again, then it continues
+    if resume is not None:  # an interrupted trial continues with its stored config as `vitlab train --resume` does;
+        # its finished epochs are reported to the new trial again
+        cfg = resume_config(run_dir, {k: getattr(cfg, k) for k in ("output", "progress", "device", "threads")})
         for row in read_metrics(run_dir):
             on_epoch(int(row["epoch"]), row)
     log(f"[trial {trial.number}] {where}: training in {run_dir}" + (" (resumed)" if resume else ""))
