@@ -139,8 +139,9 @@ def write_search(study: Any, config: SearchConfig) -> dict[str, Any]:
             "seed": config.seed, "trials": config.trials, "storage": DB, "run_config": config.base.to_dict()}
     write_json(out / "summary.json", {**meta, "counts": counts, "best": best,
                                       "importances": imp, "importances_note": why})
-    imp_text = ("Importances by Optuna's fANOVA evaluator over the complete trials: the share of the objective's "
-                "variance each parameter explains." if imp is not None else f"No importance figure: {why}")
+    imp_text = (f"Importances by Optuna's fANOVA evaluator over the {counts['complete']} complete trials: the share "
+                "of the objective's variance each parameter explains (rough with few trials)." if imp is not None
+                else f"No importance figure: {why}")
     sections = [
         Section("Search", f"{text} Values are each trial's final {metric}; a pruned trial shows the last epoch "
                 "it reported. The study is stored in optuna.db: running the same command with a larger --trials "
