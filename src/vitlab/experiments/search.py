@@ -22,11 +22,11 @@ from typing import Any
 
 from vitlab.errors import ConfigError
 from vitlab.experiments.common import IGNORED, format_value, parse_typed, unknown_option, yaml_value
+from vitlab.experiments.search_report import OBJECTIVES, write_search
 from vitlab.experiments.sweep import MODEL, param_types
 
 DB = "optuna.db"
 STUDY = "vitlab-search"
-OBJECTIVES = {"test_acc": "maximize", "test_loss": "minimize"}  # the per-epoch metric -> its direction
 PRUNERS = ("median", "hyperband", "none")
 INSTALL = "--search optuna needs Optuna, which is not installed; run pip install 'vitlab[optuna]'"
 
@@ -330,26 +330,7 @@ def run_search(config: SearchConfig, log: Any = print) -> dict[str, Any]:
     while sum(finished(t) for t in study.get_trials(deepcopy=False)) < config.trials:
         run_trial(study, config, log)
         ran += 1
-    from vitlab.experiments.search_report import write_search
-
-    return {**write_search(study, config), "ran": ran}
-
-
-def trial_rows(study: Any, params: list[SearchParam]) -> list[dict[str, Any]]:
-    """One row per trial: number, state, value, the searched values, epochs, duration and run folder."""
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        row: dict[str, Any] = {"number": t.number, "state": t.state.name,
-                               "value": t.value if t.value is not None else float("nan")}
-        for p in params:
-            row[p.name] = format_value(t.params[p.name]) if p.name in t.params else ""
-        row["epochs"] = t.user_attrs.get("epochs", "")
-        row["duration_s"] = round(t.duration.total_seconds(), 2) if t.duration is not None else float("nan")
-        row["run"] = t.user_attrs.get("run", "")
-        row["note"] = t.user_attrs.get("error", "") or (f"re-run of trial {t.user_attrs['rerun_of']}"
-                                                        if "rerun_of" in t.user_attrs else "")
-        rows.append(row)
-    return rows
+    return {**write_search(study, config, storage=DB), "ran": ran}
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -8,13 +8,32 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments.search import DB, OBJECTIVES, SearchConfig, trial_rows
+from vitlab.experiments.common import format_value
+
+OBJECTIVES = {"test_acc": "maximize", "test_loss": "minimize"}  # the per-epoch metric -> its direction
 
 LABELS = {"test_acc": "test accuracy (%)", "test_loss": "test loss"}
 
 
 def _scale(metric: str, v: float) -> float:
     return 100 * v if metric == "test_acc" else v
+
+
+def trial_rows(study: Any, params: list[Any]) -> list[dict[str, Any]]:
+    """One row per trial: number, state, value, the searched values, epochs, duration and run folder."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name,
+                               "value": t.value if t.value is not None else float("nan")}
+        for p in params:
+            row[p.name] = format_value(t.params[p.name]) if p.name in t.params else ""
+        row["epochs"] = t.user_attrs.get("epochs", "")
+        row["duration_s"] = round(t.duration.total_seconds(), 2) if t.duration is not None else float("nan")
+        row["run"] = t.user_attrs.get("run", "")
+        row["note"] = t.user_attrs.get("error", "") or (f"re-run of trial {t.user_attrs['rerun_of']}"
+                                                        if "rerun_of" in t.user_attrs else "")
+        rows.append(row)
+    return rows
 
 
 def plot_history(study: Any, metric: str, path: Path, title: str) -> Path:
@@ -105,8 +124,9 @@ def plot_importance(imp: dict[str, float], path: Path, title: str) -> Path:
     return save(fig, path)
 
 
-def write_search(study: Any, config: SearchConfig) -> dict[str, Any]:
-    """Write the report into ``config.output`` and return its rows, best trial, text and figure names."""
+def write_search(study: Any, config: Any, *, storage: str) -> dict[str, Any]:
+    """Write the report of ``config`` (a :class:`~vitlab.experiments.search.SearchConfig`) into its ``output``;
+    returns its rows, best trial, text and figure names."""
     from optuna.trial import TrialState
 
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
@@ -131,12 +151,12 @@ def write_search(study: Any, config: SearchConfig) -> dict[str, Any]:
             f"({config.pruner} pruner on the per-epoch {metric}).")
     if best is not None:
         shown = _shown(metric, best["value"])
-        where = ", ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items())
+        where = ", ".join(f"{k}={format_value(v)}" for k, v in best["params"].items())
         text += f" Best {metric} {shown} in trial {best['number']} at {where}."
     meta = {"model": config.model, "dataset": config.dataset, "space": [p.describe() for p in config.params],
             "fixed_overrides": config.fixed, "objective": metric, "direction": OBJECTIVES[metric],
             "pruner": config.pruner, "prune_startup": config.prune_startup, "prune_warmup": config.prune_warmup,
-            "seed": config.seed, "trials": config.trials, "storage": DB, "run_config": config.base.to_dict()}
+            "seed": config.seed, "trials": config.trials, "storage": storage, "run_config": config.base.to_dict()}
     write_json(out / "summary.json", {**meta, "counts": counts, "best": best,
                                       "importances": imp, "importances_note": why})
     imp_text = (f"Importances by Optuna's fANOVA evaluator over the {counts['complete']} complete trials: the share "
@@ -156,12 +176,6 @@ def write_search(study: Any, config: SearchConfig) -> dict[str, Any]:
     write_report(out, title, config.command, sections)
     return {"trials": rows, "best": best, "text": text, "figures": figures, "counts": counts,
             "importances": imp}
-
-
-def _fmt(v: Any) -> str:
-    from vitlab.experiments.common import format_value
-
-    return format_value(v)
 
 
 def _shown(metric: str, v: float) -> str:
