@@ -58,11 +58,12 @@ class TrainResult:
 
 
 def train(cfg: RunConfig, *, resume: str | Path | None = None,
-          on_step: Callable[[Trainer], None] | None = None) -> TrainResult:
+          on_step: Callable[[Trainer], None] | None = None,
+          on_epoch: Callable[[int, dict[str, Any]], bool] | None = None) -> TrainResult:
     """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`."""
     ctx = init_distributed(cfg.device)
     try:
-        return Trainer(cfg, ctx, resume=resume, on_step=on_step).fit()
+        return Trainer(cfg, ctx, resume=resume, on_step=on_step, on_epoch=on_epoch).fit()
     finally:
         ctx.close()
 
@@ -73,11 +74,15 @@ def default_output(cfg: RunConfig) -> Path:
 
 
 class Trainer:
-    """One training run. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks)."""
+    """One training run. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks);
+    ``on_epoch(epoch, row)`` after each epoch is evaluated, logged and saved (``row`` as in ``metrics.jsonl``,
+    on every process): returning True ends the run there, early, with its summary (``stopped_early``)."""
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
-                 on_step: Callable[[Trainer], None] | None = None) -> None:
-        self.ctx, self.on_step, self.stop = ctx, on_step, StopRequest()
+                 on_step: Callable[[Trainer], None] | None = None,
+                 on_epoch: Callable[[int, dict[str, Any]], bool] | None = None) -> None:
+        self.ctx, self.on_step, self.on_epoch, self.stop = ctx, on_step, on_epoch, StopRequest()
+        self.stopped_early = False
         self.device = ctx.device
         cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
         check_logger(cfg.logger)  # a missing tracking backend is refused before any data loads
@@ -264,7 +269,7 @@ class Trainer:
         status = "failed"
         try:
             with self.stop:
-                while p.epoch < cfg.epochs:
+                while p.epoch < cfg.epochs and not self.stopped_early:
                     if not self._run_epoch(logger) and p.epoch < cfg.epochs:
                         status = "stopped"
                         return self._interrupted()
@@ -330,6 +335,7 @@ class Trainer:
         if logger is not None:
             logger.log_epoch(row)
         self.save()
+        self.stopped_early = bool(self.on_epoch is not None and self.on_epoch(epoch + 1, row))
         return not self._stop_agreed(sync=True)
 
     def _tick(self) -> None:
@@ -425,4 +431,4 @@ class Trainer:
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
                 "flops": 2 * macs if macs is not None else None, "skipped_steps": p.skipped_steps,
                 "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads(),
-                "slices": self.slices}
+                "slices": self.slices, "stopped_early": self.stopped_early}
