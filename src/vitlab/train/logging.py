@@ -1,5 +1,6 @@
-"""Run outputs besides checkpoints: the tqdm bar, one printed line and one ``metrics.jsonl`` row per epoch,
-TensorBoard scalars when ``tensorboard`` imports, and ``summary.json``. Only rank 0 creates a logger."""
+"""Run outputs besides checkpoints: the tqdm bar (on a terminal only), one printed line and one ``metrics.jsonl``
+row per epoch, TensorBoard scalars when ``tensorboard`` imports, and ``summary.json``. Only rank 0 creates a
+logger."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from typing import Any
 from vitlab.train.checkpoint import atomic_write_text
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
+
+
+def on_terminal() -> bool:
+    """True when both stdout and stderr are terminals: only then is the live bar (carriage returns) drawn.
+
+    Redirected to a file or a pipe (``make demo > log``, CI, ``| tee``), a run prints one line per epoch."""
+    return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
 
 
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -44,8 +52,8 @@ class RunLogger:
             pass
 
     def bar(self, *, epoch: int, epochs: int, total: int, initial: int):
-        """A tqdm bar over the steps of one epoch, or None with ``--no-progress``."""
-        if not self.progress:
+        """A tqdm bar over the steps of one epoch; None with ``--no-progress`` or off a terminal."""
+        if not self.progress or not on_terminal():
             return None
         from tqdm import tqdm
 
