@@ -61,14 +61,16 @@ class RunLogger:
                     dynamic_ncols=True, file=sys.stderr)
 
     def log_epoch(self, row: dict[str, Any]) -> None:
+        """Append, print and plot one epoch's row (``val_*`` keys with a validation split, else ``test_*``)."""
+        name = "val" if "val_acc" in row else "test"
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
         if self.tb is not None:
-            for key in ("train_loss", "test_loss", "test_acc", "lr"):
+            for key in ("train_loss", f"{name}_loss", f"{name}_acc", "lr"):
                 self.tb.add_scalar(key, row[key], row["epoch"])
             self.tb.flush()
-        print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  test_loss {row['test_loss']:.4f}  "
-              f"test_acc {100 * row['test_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
+        print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  {name}_loss {row[f'{name}_loss']:.4f}  "
+              f"{name}_acc {100 * row[f'{name}_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
