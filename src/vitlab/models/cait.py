@@ -69,7 +69,7 @@ class Cait(VitlabModel):
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        init_vit_weights(self)
+        init_vit_weights(self, self.cfg.weight_init)
 
     def _patch_tokens(self, x: Tensor) -> Tensor:
         x = self.patch_embed(x)  # (B, N, D)
