@@ -79,12 +79,13 @@ def random_affine(x: torch.Tensor, gen: torch.Generator, r: dict[str, Any]) -> t
                        torch.stack([sin * s, (sin * tan + cos) * s], 1)], 1)  # (B, 2, 2) output <- input map
     inv = torch.linalg.inv(fwd)
     shift = (u[:, 3:5] * r["translate"] * 2).unsqueeze(-1)  # (B, 2, 1) in normalised [-1, 1] units
-    theta = torch.cat([inv, -inv @ shift], dim=2)  # (B, 2, 3)
+    theta = torch.cat([inv, -inv @ shift], dim=2).to(x.device)  # (B, 2, 3), drawn on the CPU generator
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
-def run_timm(seed: int, epochs: int, data: dict[str, Any], threads: int) -> list[dict[str, float]]:
+def run_timm(seed: int, epochs: int, data: dict[str, Any], threads: int,
+             device: str = "cpu") -> list[dict[str, float]]:
     """Train timm's ViT with :data:`TIMM_RECIPE`; one row (epoch, test_acc, seconds) per epoch."""
     from timm.models.vision_transformer import VisionTransformer
     from timm.optim import param_groups_weight_decay
@@ -92,10 +93,10 @@ def run_timm(seed: int, epochs: int, data: dict[str, Any], threads: int) -> list
     r = TIMM_RECIPE
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    model = VisionTransformer(**TIMM_MODEL)
+    model = VisionTransformer(**TIMM_MODEL).to(device)
     groups = param_groups_weight_decay(model, r["weight_decay"], no_weight_decay_list=model.no_weight_decay())
     opt = torch.optim.AdamW(groups, lr=r["lr"])
-    xtr, ytr, xte, yte = data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+    xtr, ytr, xte, yte = (data[k].to(device) for k in ("x_train", "y_train", "x_test", "y_test"))
     steps = len(xtr) // r["batch_size"]
     total, warm = epochs * steps, r["warmup_epochs"] * steps
 
@@ -110,7 +111,7 @@ def run_timm(seed: int, epochs: int, data: dict[str, Any], threads: int) -> list
     for epoch in range(epochs):
         start = time.perf_counter()
         model.train()
-        order = torch.randperm(len(xtr), generator=gen)
+        order = torch.randperm(len(xtr), generator=gen).to(device)
         for i in range(steps):
             idx = order[i * r["batch_size"]:(i + 1) * r["batch_size"]]
             x = random_affine(xtr[idx], gen, r)
@@ -126,6 +127,8 @@ def run_timm(seed: int, epochs: int, data: dict[str, Any], threads: int) -> list
         with torch.no_grad():
             correct = sum(int((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum())
                           for i in range(0, len(xte), 1000))
+        if device != "cpu":
+            torch.cuda.synchronize()
         rows.append({"epoch": epoch + 1, "test_acc": correct / len(xte), "seconds": time.perf_counter() - start})
     return rows
 
@@ -142,10 +145,10 @@ def mnist5k_tensors(limit_train: int | None, limit_test: int | None) -> dict[str
 
 
 def run_vitlab(seed: int, epochs: int | None, limit_train: int | None, limit_test: int | None,
-               workdir: Path) -> tuple[list[dict[str, float]], dict[str, Any]]:
-    """``vitlab train`` with the defaults (only the seed, and the smoke test's sizes, are set)."""
+               workdir: Path, device: str = "cpu") -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """``vitlab train`` with the defaults (only the seed, the device, and the smoke test's sizes, are set)."""
     cfg = RunConfig(seed=seed, epochs=epochs, limit_train=limit_train, limit_test=limit_test, progress=False,
-                    output=str(workdir / f"vitlab_seed{seed}"))
+                    device=device, output=str(workdir / f"vitlab_seed{seed}"))
     result = train(cfg)
     rows = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
     recipe = json.loads((result.out_dir / "config.json").read_text())["run"]
@@ -186,9 +189,9 @@ def markdown(report: dict[str, Any]) -> str:
         "# Time to accuracy on mnist-5k: vitlab's default recipe against tuned timm",
         "",
         f"Command: `{report['command']}`  ",
-        f"Machine: {report['cpu']}, {report['cores']} cores, torch {report['torch']}; load average "
-        f"{report['load_before']} before, {report['load_after']} after (other processes share the cores; both "
-        "sides ran interleaved, seed by seed, so load hits them alike).",
+        f"Machine: {report['cpu']}, {report['cores']} cores, device {report['device']}, torch {report['torch']}; "
+        f"load average {report['load_before']} before, {report['load_after']} after (other processes share the "
+        "cores; both sides ran interleaved, seed by seed, so load hits them alike).",
         "",
         "Seconds are training plus per-epoch evaluation, summed epoch by epoch; median (min-max) over seeds "
         f"{', '.join(map(str, report['seeds']))}.",
@@ -217,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timm-threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads of the timm side (default: one per core, as torch does)")
     ap.add_argument("--vitlab-epochs", type=int, default=None, help="default: the recipe's own")
+    ap.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N, for both sides")
     ap.add_argument("--only", choices=("vitlab", "timm"), default=None, help="run one side only")
     ap.add_argument("--quick", action="store_true", help="smoke test: 256/100 images, 1 epoch, the first seed")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -230,15 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/time_to_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
         "cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__, "seeds": args.seeds,
+        "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
         "load_before": load_average(), "sides": {s: {"runs": [], "milestones": []} for s in sides}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             for side in sides:
                 if side == "vitlab":
-                    rows, recipe = run_vitlab(seed, args.vitlab_epochs, limit_train, limit_test, Path(tmp))
+                    rows, recipe = run_vitlab(seed, args.vitlab_epochs, limit_train, limit_test, Path(tmp),
+                                              args.device)
                     report["sides"]["vitlab"]["recipe"] = recipe
                 else:
-                    rows = run_timm(seed, args.timm_epochs, data, args.timm_threads)
+                    rows = run_timm(seed, args.timm_epochs, data, args.timm_threads, args.device)
                 report["sides"][side]["runs"].append({"seed": seed, "rows": rows})
                 report["sides"][side]["milestones"].append(milestones(rows))
                 m = report["sides"][side]["milestones"][-1]
