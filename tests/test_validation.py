@@ -84,9 +84,9 @@ def test_clothing_is_flipped_and_shifted_not_rotated():
     assert not digits.hflip and digits.degrees > 0
 
 
-def test_small_gray_recipes_average_the_patches_and_draw_linears_xavier():
+def test_small_gray_recipes_average_the_patches():
     from vitlab.train.config import model_defaults
 
     for name in ("mnist-5k", "mnist", "fashion-mnist"):
-        assert model_defaults(name) == {"global_pool": "avg", "weight_init": "xavier"}
+        assert model_defaults(name) == {"global_pool": "avg"}
     assert model_defaults("cifar10") == {}
