@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -421,3 +423,16 @@ def test_error_bad_combinations(overrides: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as exc:
         vitlab.create_model("vit_mnist", **overrides)
     assert needle in one_line(exc)
+
+
+def test_weight_init_xavier_draws_the_block_linears_wider_and_keeps_the_head():
+    torch.manual_seed(0)
+    default = vitlab.create_model("vit_mnist")
+    torch.manual_seed(0)
+    xavier = vitlab.create_model("vit_mnist", weight_init="xavier")
+    qkv = xavier.blocks[0].attn.qkv.weight  # (192, 64): Xavier-uniform bound sqrt(6 / (64 + 192))
+    assert qkv.abs().max() <= math.sqrt(6 / 256) + 1e-6 and qkv.std() > 0.08
+    assert default.blocks[0].attn.qkv.weight.std() < 0.021
+    assert xavier.head.weight.std() < 0.021 and torch.equal(xavier.blocks[3].mlp.fc1.bias, torch.zeros(256))
+    with pytest.raises(ConfigError, match="weight_init"):
+        vitlab.create_model("vit_mnist", weight_init="jax")

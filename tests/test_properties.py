@@ -32,7 +32,8 @@ TINY = dict(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=8, de
 CHOICES = {"arch": ARCHS, "attn": ATTNS, "gate": ("none", "layerscale", "rezero", "skipinit", "scalar"),
            "norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
            "pos_embed": ("learned", "sincos1d", "sincos2d", "none"), "global_pool": POOLS, "stem": STEMS,
-           "reg_position": REG_POSITIONS, "reattn_norm": ("batch", "layer"), "drop_path_rule": ("linear", "uniform")}
+           "reg_position": REG_POSITIONS, "reattn_norm": ("batch", "layer"), "drop_path_rule": ("linear", "uniform"),
+           "weight_init": ("trunc_normal", "xavier")}
 INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
         "depth_token_only", "reattn_last")
 BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm", "dynamic_img_size",
@@ -67,6 +68,7 @@ OPTION_VALUES = {
     "reg_position": st.sampled_from(REG_POSITIONS), "pos_embed": st.sampled_from(CHOICES["pos_embed"]),
     "pos_embed_cls": st.booleans(), "global_pool": st.sampled_from(POOLS),
     "fc_norm": st.sampled_from([None, True, False]), "stem": st.sampled_from(STEMS),
+    "weight_init": st.sampled_from(["trunc_normal", "xavier", "jax"]),
     "drop_rate": st.sampled_from([0.0, 0.1, 1.0, -0.1]), "drop_path_rate": st.sampled_from([0.0, 0.2, 1.5]),
     "depth_token_only": st.sampled_from([0, 1, 2, -1]), "mlp_ratio_token_only": st.sampled_from([1.0, 0.0]),
 }

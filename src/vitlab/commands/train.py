@@ -38,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--no-download", dest="download", action="store_false", default=S)
     g.add_argument("--limit-train", type=int, default=S, metavar="N", help="train on a fixed subset of N images")
     g.add_argument("--limit-test", type=int, default=S, metavar="N", help="test on a fixed subset of N images")
+    g.add_argument("--val-split", type=float, default=S, metavar="F",
+                   help="hold out a fixed fraction F of the training images and evaluate on them every epoch; "
+                   "the test set is then evaluated once, at the end (tune on this, not on the test set)")
+    g.add_argument("--val-size", type=int, default=S, metavar="N", help="as --val-split, N images")
     g = p.add_argument_group("recipe (unset: the data set's defaults)")
     g.add_argument("--epochs", type=int, default=S)
     g.add_argument("--batch-size", type=int, default=S, help="global batch size (over all processes)")
@@ -140,6 +144,12 @@ def run(args: argparse.Namespace) -> int:
     if result.exit_code or os.environ.get("RANK", "0") != "0":
         return result.exit_code
     s = result.summary
+    if "final_val_acc" in s:
+        print(f"final val_acc {100 * s['final_val_acc']:.2f}% (best {100 * s['best_val_acc']:.2f}% at epoch "
+              f"{s['best_epoch']}); test set, read once at the end: test_acc {100 * s['final_test_acc']:.2f}%, "
+              f"test_loss {s['final_test_loss']:.4f}; {s['train_images_per_second']:.0f} train images/s, "
+              f"{s['wall_time_s']:.1f} s; outputs in {result.out_dir}")
+        return 0
     print(f"final test_acc {100 * s['final_test_acc']:.2f}% (best {100 * s['best_test_acc']:.2f}% at epoch "
           f"{s['best_epoch']}), test_loss {s['final_test_loss']:.4f}, {s['train_images_per_second']:.0f} train "
           f"images/s, {s['wall_time_s']:.1f} s; outputs in {result.out_dir}")

@@ -278,10 +278,18 @@ def head_linear(dim: int, num_classes: int) -> nn.Module:
     return nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
 
-def init_vit_weights(model: nn.Module) -> None:
-    """timm's default ViT init: truncated normal (std 0.02) linears with zero bias."""
+def init_vit_weights(model: nn.Module, mode: str = "trunc_normal") -> None:
+    """Linears with zero bias: ``trunc_normal`` is timm's default ViT init (std 0.02); ``xavier`` draws every
+    linear but the classifier ``head`` Xavier-uniform, as the original ViT's JAX code does for attention and
+    MLP layers (timm's ``weight_init='jax'`` too). At std 0.02 the query-key products of a small model start
+    near zero, so attention starts uniform and learns to look at content only slowly; Xavier's larger queries
+    and keys let it attend from the first steps."""
+    head = getattr(model, "head", None)
     for m in model.modules():
         if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
+            if mode == "xavier" and m is not head:
+                nn.init.xavier_uniform_(m.weight)
+            else:
+                nn.init.trunc_normal_(m.weight, std=0.02)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)

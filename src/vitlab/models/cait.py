@@ -75,7 +75,7 @@ class Cait(ResizableInput, VitlabModel):
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        init_vit_weights(self)
+        init_vit_weights(self, self.cfg.weight_init)
 
     def _patch_tokens(self, x: Tensor) -> Tensor:
         pos_embed = self.pos_embed_for(self.patch_embed.feat_size(x))

@@ -18,6 +18,7 @@ ATTNS = ("mhsa", "talking_heads", "reattention")
 POOLS = ("token", "avg")
 STEMS = ("patch", "conv")
 REG_POSITIONS = ("front", "end")
+WEIGHT_INITS = ("trunc_normal", "xavier")
 
 
 @dataclass
@@ -63,6 +64,7 @@ class ModelConfig:
     global_pool: str = "token"  # token | avg
     fc_norm: bool | None = None  # None: as timm, norm after pooling when global_pool='avg'
     stem: str = "patch"  # patch | conv (DeepViT's convolutional stem)
+    weight_init: str = "trunc_normal"  # linears: trunc_normal (timm's std 0.02) | xavier (uniform, not the head)
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -113,6 +115,7 @@ class ModelConfig:
         _choice("pos_embed", self.pos_embed, POS_EMBEDS)
         _choice("global_pool", self.global_pool, POOLS)
         _choice("stem", self.stem, STEMS)
+        _choice("weight_init", self.weight_init, WEIGHT_INITS)
         _choice("reg_position", self.reg_position, REG_POSITIONS)
         _choice("reattn_norm", self.reattn_norm, REATTN_NORMS)
         _choice("drop_path_rule", self.drop_path_rule, DROP_PATH_RULES)

@@ -132,7 +132,7 @@ class VisionTransformer(ResizableInput, VitlabModel):
         for tok in (self.cls_token, self.reg_token):
             if tok is not None:
                 nn.init.normal_(tok, std=1e-6)
-        init_vit_weights(self)
+        init_vit_weights(self, self.cfg.weight_init)
         for m in self.modules():
             if isinstance(m, ReAttention):
                 m.reset_parameters()

@@ -10,10 +10,12 @@ import torch
 from torch import Tensor
 
 from vitlab.data import BatchAugment, DataSplit, normalize
+from vitlab.errors import ConfigError
 from vitlab.train.config import RunConfig
 from vitlab.train.seeding import derive_seed, generator
 
 SUBSET_SEED = 0  # --limit-train / --limit-test pick the same images in every run, eval and predict
+VAL_SEED = 0x7A1  # --val-split / --val-size hold out the same images in every run, whatever --seed
 
 
 def subset(split: DataSplit, n: int | None) -> DataSplit:
@@ -22,6 +24,24 @@ def subset(split: DataSplit, n: int | None) -> DataSplit:
         return split
     idx = torch.randperm(len(split), generator=generator(SUBSET_SEED))[:n].sort().values
     return DataSplit(split.images[idx], split.labels[idx], list(split.classes))
+
+
+def holdout(split: DataSplit, *, fraction: float | None = None,
+            size: int | None = None) -> tuple[DataSplit, DataSplit | None]:
+    """(train, validation): a fixed random ``size`` images (or ``fraction`` of them) of a training split held
+    out for validation, both in their original order; (split, None) when neither is given."""
+    if size is None and fraction is None:
+        return split, None
+    n = size if size is not None else round(fraction * len(split))
+    if not 0 < n < len(split):
+        what = f"--val-size {size}" if size is not None else f"--val-split {fraction}"
+        raise ConfigError(f"{what} holds out {n} of the {len(split)} training images; hold out at least one "
+                          "and leave at least one to train on")
+    perm = torch.randperm(len(split), generator=generator(VAL_SEED))
+    val_idx, train_idx = perm[:n].sort().values, perm[n:].sort().values
+    classes = list(split.classes)
+    return (DataSplit(split.images[train_idx], split.labels[train_idx], classes),
+            DataSplit(split.images[val_idx], split.labels[val_idx], list(classes)))
 
 
 def epoch_order(num: int, seed: int, epoch: int) -> Tensor:

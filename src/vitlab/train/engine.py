@@ -29,7 +29,7 @@ from vitlab.checkpoint import (
 )
 from vitlab.data import DataSplit, load_dataset, normalization
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.train.batches import BatchPipeline, epoch_order, subset
+from vitlab.train.batches import BatchPipeline, epoch_order, holdout, subset
 from vitlab.train.config import RunConfig, canonical_dataset
 from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
 from vitlab.train.evaluate import autocast, evaluate
@@ -100,6 +100,8 @@ class Trainer:
         if ctx.is_main:
             ctx.barrier()
         train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
+        cfg.validate()
+        train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size)
         cfg = cfg.resolve(len(train_split))
         cfg = cfg.replace(model_overrides=run_model_overrides(cfg))
         check_batch(cfg.batch_size, ctx)
@@ -113,6 +115,8 @@ class Trainer:
         self.data_info = {"classes": self.classes, "mean": list(self.mean), "std": list(self.std),
                           "img_size": img_size, "in_chans": in_chans, "num_train": len(train_split),
                           "num_test": len(test_split)}
+        if val_split is not None:
+            self.data_info["num_val"] = len(val_split)
 
         torch.manual_seed(derive_seed(cfg.seed, INIT_STREAM))
         model = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(self.classes), img_size=img_size,
@@ -121,6 +125,9 @@ class Trainer:
         self.slices = self._plan_cpu(cfg)
         self.train_data = self._to_device(train_split)
         self.test_data = self._to_device(test_split)
+        # what each epoch is judged on: the held-out validation images when there are some, else the test set
+        self.eval_name = "test" if val_split is None else "val"
+        self.eval_data = self.test_data if val_split is None else self._to_device(val_split)
         self.pipeline = BatchPipeline(cfg, self.mean, self.std, len(self.classes), in_chans)
         self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                          layer_decay=cfg.layer_decay)
@@ -324,12 +331,11 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
-        metrics = evaluate(self.eval_model, self.test_data, mean=self.mean, std=self.std,
-                           batch_size=cfg.eval_batch_size, device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx,
-                           slices=self.slices)
+        metrics = self._evaluate(self.eval_data)
         self._tick()
+        name = self.eval_name
         row = {"epoch": epoch + 1, "step": p.global_step, "train_loss": p.loss_sum / max(p.seen, 1),
-               "test_loss": metrics["loss"], "test_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
+               f"{name}_loss": metrics["loss"], f"{name}_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
                "seconds": p.epoch_seconds}
         p.end_epoch(metrics["loss"], metrics["acc"])
         if logger is not None:
@@ -337,6 +343,10 @@ class Trainer:
         self.save()
         self.stopped_early = bool(self.on_epoch is not None and self.on_epoch(epoch + 1, row))
         return not self._stop_agreed(sync=True)
+
+    def _evaluate(self, split: DataSplit) -> dict[str, Any]:
+        return evaluate(self.eval_model, split, mean=self.mean, std=self.std, batch_size=self.cfg.eval_batch_size,
+                        device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx, slices=self.slices)
 
     def _tick(self) -> None:
         """Add the wall time since the last tick to the run's and the epoch's clocks."""
@@ -420,12 +430,17 @@ class Trainer:
         return TrainResult(self.out_dir, {}, exit_code=self.stop.exit_code)
 
     def summary(self) -> dict[str, Any]:
+        """The run's numbers; with a validation split the per-epoch figures are ``*_val_*`` and the test set
+        is evaluated here, once."""
         p = self.progress
         macs = model_macs(self.model, self.data_info)
+        judged = {"final_test_acc": p.test_acc, "final_test_loss": p.test_loss, "best_test_acc": p.best_test_acc}
+        if self.eval_name == "val":
+            test = self._evaluate(self.test_data)
+            judged = {"final_val_acc": p.test_acc, "final_val_loss": p.test_loss, "best_val_acc": p.best_test_acc,
+                      "final_test_acc": test["acc"], "final_test_loss": test["loss"]}
         return {"model": self.cfg.model, "dataset": self.cfg.dataset, "epochs": p.epoch,
-                "steps": p.global_step, "final_test_acc": p.test_acc,
-                "final_test_loss": p.test_loss, "best_test_acc": p.best_test_acc,
-                "best_epoch": p.best_epoch,
+                "steps": p.global_step, **judged, "best_epoch": p.best_epoch,
                 "train_images_per_second": p.train_images / max(p.train_time_s, 1e-9),
                 "wall_time_s": p.wall_time_s, "train_time_s": p.train_time_s,
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,

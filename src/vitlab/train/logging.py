@@ -1,5 +1,6 @@
-"""Run outputs besides checkpoints: the tqdm bar, one printed line and one ``metrics.jsonl`` row per epoch,
-``summary.json``, and the same to the ``--logger`` tracker (:mod:`vitlab.train.tracking`). Only rank 0 creates a
+"""Run outputs besides checkpoints: the tqdm bar (on a terminal only), one printed line and one
+``metrics.jsonl`` row per epoch, ``summary.json``, and the same to the ``--logger`` tracker
+(:mod:`vitlab.train.tracking`). Only rank 0 creates a
 logger."""
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ from vitlab.atomic import atomic_write_text
 from vitlab.train.tracking import open_tracker
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
+
+
+def on_terminal() -> bool:
+    """True when both stdout and stderr are terminals: only then is the live bar (carriage returns) drawn.
+
+    Redirected to a file or a pipe (``make demo > log``, CI, ``| tee``), a run prints one line per epoch."""
+    return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
 
 
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -44,8 +52,8 @@ class RunLogger:
             self.tracker.log_params(params)
 
     def bar(self, *, epoch: int, epochs: int, total: int, initial: int):
-        """A tqdm bar over the steps of one epoch, or None with ``--no-progress``."""
-        if not self.progress:
+        """A tqdm bar over the steps of one epoch; None with ``--no-progress`` or off a terminal."""
+        if not self.progress or not on_terminal():
             return None
         from tqdm import tqdm
 
@@ -53,12 +61,14 @@ class RunLogger:
                     dynamic_ncols=True, file=sys.stderr)
 
     def log_epoch(self, row: dict[str, Any]) -> None:
+        """Append, print and plot one epoch's row (``val_*`` keys with a validation split, else ``test_*``)."""
+        name = "val" if "val_acc" in row else "test"
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
         if self.tracker is not None:
             self.tracker.log_metrics({k: v for k, v in row.items() if k not in ("epoch", "step")}, row["epoch"])
-        print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  test_loss {row['test_loss']:.4f}  "
-              f"test_acc {100 * row['test_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
+        print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  {name}_loss {row[f'{name}_loss']:.4f}  "
+              f"{name}_acc {100 * row[f'{name}_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")

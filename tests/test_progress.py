@@ -1,0 +1,36 @@
+"""Progress output: a live bar on a terminal, one line per epoch (and a final line) in a log file."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+from vitlab.cli import main
+from vitlab.train.logging import on_terminal
+
+TINY = ["--limit-train", "128", "--limit-test", "64", "--depth", "1", "--embed-dim", "32", "--num-heads", "4",
+        "--batch-size", "32", "--epochs", "2", "--device", "cpu", "--threads", "1"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_log_file_gets_one_line_per_epoch_and_no_carriage_returns(tmp_path, capsys):
+    assert not on_terminal()  # captured streams are not terminals
+    assert main(["train", *TINY, "--output", str(tmp_path / "run")]) == 0
+    out, err = capsys.readouterr()
+    assert "\r" not in out + err
+    lines = out.splitlines()
+    assert [line.split()[:2] for line in lines if line.startswith("epoch")] == [["epoch", "1"], ["epoch", "2"]]
+    assert len(lines) == 4 and lines[-1].startswith("final test_acc")  # announce, 2 epochs, final
+
+
+def test_terminal_gets_the_live_bar(tmp_path, monkeypatch):
+    out, err = Terminal(), Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["train", *TINY, "--output", str(tmp_path / "run")]) == 0
+    assert "\r" in err.getvalue() and "epoch 1/2" in err.getvalue()
+    assert "\r" not in out.getvalue()

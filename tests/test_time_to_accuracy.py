@@ -1,0 +1,48 @@
+"""benchmarks/time_to_accuracy.py: the milestones it reports and a --quick smoke run of both sides."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "time_to_accuracy.py"
+
+
+def _module():
+    if "vitlab_tta" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("vitlab_tta", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["vitlab_tta"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["vitlab_tta"]
+
+
+def test_milestones_sum_seconds_until_the_first_epoch_at_the_threshold():
+    rows = [{"epoch": 1, "test_acc": 0.5, "seconds": 2.0}, {"epoch": 2, "test_acc": 0.976, "seconds": 3.0},
+            {"epoch": 3, "test_acc": 0.97, "seconds": 1.0}, {"epoch": 4, "test_acc": 0.981, "seconds": 4.0}]
+    m = _module().milestones(rows)
+    assert (m["s_to_0.975"], m["epoch_to_0.975"]) == (5.0, 2)
+    assert (m["s_to_0.98"], m["epoch_to_0.98"]) == (10.0, 4)
+    assert (m["final_acc"], m["best_acc"], m["total_s"]) == (0.981, 0.981, 10.0)
+    assert _module().milestones(rows[:1])["s_to_0.975"] is None
+    assert _module().spread([3.0, None, 1.0]) == "3.0 (1.0-never)"
+
+
+def test_random_affine_keeps_shape_and_moves_pixels():
+    x = torch.randn(4, 1, 28, 28)
+    y = _module().random_affine(x, torch.Generator().manual_seed(0), _module().TIMM_RECIPE)
+    assert y.shape == x.shape and not torch.allclose(x, y)
+
+
+def test_quick_run_writes_markdown_and_json(tmp_path, capsys):
+    assert _module().main(["--quick", "--timm-threads", "1", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "time_to_accuracy.json").read_text())
+    assert set(report["sides"]) == {"vitlab", "timm"} and report["cpu"]
+    for side in report["sides"].values():
+        assert len(side["runs"]) == 1 and len(side["runs"][0]["rows"]) == 1
+    text = (tmp_path / "time_to_accuracy.md").read_text()
+    assert "| vitlab | 1 |" in text and "| timm | 1 |" in text and report["cpu"] in text
