@@ -347,6 +347,64 @@ def test_damaged_training_state_refuses_resume(capsys, tmp_path, trained: Path, 
     load_model(out)  # the weights themselves are still usable
 
 
+# --------------------------------------------------------------------------------------- checksums
+
+def _flip_last_byte(path: Path) -> None:
+    """Flip one bit of the last byte of a safetensors file: tensor data, so the file still parses."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_the_weights_is_refused_in_one_line(capsys, tmp_path, trained: Path) -> None:
+    out = damaged(trained, tmp_path, lambda d: _flip_last_byte(d / "model.safetensors"))
+    edited = load_model(out, verify=False)  # the control: the damaged file parses, one value differs
+    good = load_model(trained)
+    diff = [k for k, v in edited.state_dict().items() if not torch.equal(v, good.state_dict()[k])]
+    assert len(diff) == 1
+    words = f"{out / 'model.safetensors'} does not match the SHA-256 recorded in {out / 'manifest.json'}"
+    for load in (lambda: load_model(out), lambda: read_weights(out), lambda: load_pretrained(None, out),
+                 lambda: read_weights(out / "model.safetensors")):
+        msg = api_error(CheckpointError, load)
+        assert words in msg and "--no-verify" in msg
+    for argv in (["eval", "--checkpoint", str(out), "--device", "cpu"],
+                 ["predict", "--checkpoint", str(out), "x.png"],
+                 ["analyze", "--checkpoint", str(out), "--output", str(tmp_path / "a")],
+                 ["convert", str(out), str(tmp_path / "c.safetensors")]):
+        assert words in cli_error(capsys, argv)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c.safetensors").exists()
+    assert main(["eval", "--checkpoint", str(out), "--device", "cpu", "--no-verify"]) == 0
+    assert main(["convert", str(out), str(tmp_path / "c.safetensors"), "--no-verify"]) == 0
+
+
+def test_a_changed_training_state_is_refused_on_resume(capsys, tmp_path, trained: Path) -> None:
+    def edit_state(d: Path) -> None:  # a well-formed state.pt of other content (another run's, or edited)
+        state = torch.load(d / "state.pt", weights_only=True)
+        state["progress"]["best_test_acc"] = 0.99
+        torch.save(state, d / "state.pt")
+
+    out = damaged(trained, tmp_path, edit_state)
+    msg = api_error(CheckpointError, load_train_state, out)
+    assert f"{out / 'state.pt'} does not match the SHA-256" in msg and "--no-verify" in msg
+    assert cli_error(capsys, ["train", "--resume", str(out), "--epochs", "2"]) == msg
+    load_model(out)  # the weights are whole
+    assert load_train_state(out, verify=False)["progress"]["best_test_acc"] == 0.99
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--no-verify"]) == 0
+    assert load_train_state(out)["progress"]["epoch"] == 2  # the next save records the new state
+
+
+def test_without_a_manifest_files_load_as_before_and_a_damaged_manifest_is_named(capsys, tmp_path,
+                                                                                 trained: Path) -> None:
+    out = damaged(trained, tmp_path, lambda d: (d / "manifest.json").unlink())
+    load_model(out)
+    load_train_state(out)  # timm-style folders and checkpoints of older vitlab versions carry no manifest
+    (out / "manifest.json").write_text('{"format": "vitlab-manifest/1", "files": ')
+    msg = api_error(CheckpointError, load_model, out)
+    assert f"{out / 'manifest.json'} is damaged" in msg and "--no-verify" in msg
+    assert cli_error(capsys, ["eval", "--checkpoint", str(out), "--device", "cpu"]) == msg
+    load_model(out, verify=False)
+
+
 # ----------------------------------------------------------------------------------- untrusted pickles
 
 class Payload:
@@ -421,13 +479,19 @@ def test_damaged_torch_files_raise_checkpoint_error(capsys, tmp_path, fault: str
 def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, trained: Path, monkeypatch) -> None:
     out = damaged(trained, tmp_path, lambda d: None)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    import safetensors.torch
+    real_write = atomic_module.atomic_write
 
-    def half_then_die(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"\x00" * 1000)  # half a file on disk when the process is interrupted
-        raise KeyboardInterrupt
+    def half_then_die(path, write):
+        if Path(path).name != "model.safetensors":
+            return real_write(path, write)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", half_then_die)
+        def torn(tmp):
+            Path(tmp).write_bytes(b"\x00" * 1000)  # half a file on disk when the process is interrupted
+            raise KeyboardInterrupt
+
+        return real_write(path, torn)
+
+    monkeypatch.setattr(atomic_module, "atomic_write", half_then_die)
     model = vitlab.create_model("vit_mnist", depth=1, embed_dim=16, num_heads=2)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(out, model, run_config={"x": 1}, train_state={"progress": {"epoch": 9}})

@@ -28,11 +28,12 @@ from vitlab.checkpoint import (
     weights_of,
 )
 from vitlab.data import DataSplit, load_dataset, normalization
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import CheckpointError, ConfigError, WriteError
 from vitlab.train.batches import BatchPipeline, epoch_order, subset
 from vitlab.train.config import RunConfig, canonical_dataset
 from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
 from vitlab.train.evaluate import autocast, evaluate
+from vitlab.train.lock import RunLock, check_free
 from vitlab.train.logging import METRICS, RunLogger
 from vitlab.train.optim import WarmupCosine, build_optimizer
 from vitlab.train.progress import Progress
@@ -57,11 +58,13 @@ class TrainResult:
 
 
 def train(cfg: RunConfig, *, resume: str | Path | None = None,
-          on_step: Callable[[Trainer], None] | None = None) -> TrainResult:
-    """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`."""
+          on_step: Callable[[Trainer], None] | None = None, verify: bool = True) -> TrainResult:
+    """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`. ``verify=False``
+    resumes from a ``state.pt`` whose SHA-256 no longer matches its ``manifest.json``."""
+    cfg.validate()  # refuse out-of-range numbers before any data is loaded
     ctx = init_distributed(cfg.device)
     try:
-        return Trainer(cfg, ctx, resume=resume, on_step=on_step).fit()
+        return Trainer(cfg, ctx, resume=resume, on_step=on_step, verify=verify).fit()
     finally:
         ctx.close()
 
@@ -75,11 +78,11 @@ class Trainer:
     """One training run. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks)."""
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
-                 on_step: Callable[[Trainer], None] | None = None) -> None:
+                 on_step: Callable[[Trainer], None] | None = None, verify: bool = True) -> None:
         self.ctx, self.on_step, self.stop = ctx, on_step, StopRequest()
         self.device = ctx.device
         cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
-        resumed = Resume.load(resume) if resume is not None else None
+        resumed = Resume.load(resume, verify) if resume is not None else None
         img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
         if resumed is not None:  # refuse another architecture before loading any data
             probe = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(resumed.classes),
@@ -132,8 +135,8 @@ class Trainer:
         self._clock = time.perf_counter()
         if resumed is not None:
             self._restore(resumed)
-        self._prepare_output(resume)
         self.train_model = self._wrap(self.model)
+        self._prepare_output(resume)
 
     # ------------------------------------------------------------------------------------------ setup
 
@@ -201,15 +204,20 @@ class Trainer:
         """The output folder (the same on every process); refuses to overwrite another run's checkpoint."""
         out = Path(cfg.output) if cfg.output else (Path(resume) if resume else default_output(cfg))
         out = Path(self.ctx.broadcast_object(str(out)))
+        if self.ctx.is_main:
+            check_free(out)  # a live run writes there: refuse before loading any data
         if resume is None and (out / CONFIG).exists():
             raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick "
                               "another --output (or delete the folder)")
         return out
 
     def _prepare_output(self, resume: str | Path | None) -> None:
+        """Create the output folder and take its lock (rank 0, the only writer; released when :meth:`fit` ends)."""
+        self.lock = RunLock(self.out_dir)
         if not self.ctx.is_main:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
         if resume is not None and Path(resume).resolve() != self.out_dir.resolve():
             src = Path(resume) / METRICS
             if src.is_file():
@@ -246,8 +254,11 @@ class Trainer:
 
     def save(self) -> None:
         if self.ctx.is_main:
-            save_checkpoint(self.out_dir, self.eval_model, run_config=self.run_config(),
-                            train_state=self.train_state())
+            try:
+                save_checkpoint(self.out_dir, self.eval_model, run_config=self.run_config(),
+                                train_state=self.train_state())
+            except WriteError as exc:
+                raise WriteError(f"{exc}; then continue with --resume {self.out_dir}") from exc
         self.ctx.barrier()
 
     # ------------------------------------------------------------------------------------------ loop
@@ -270,6 +281,7 @@ class Trainer:
         finally:
             if logger is not None:
                 logger.close()
+            self.lock.release()
 
     def _announce(self) -> None:
         c, d = self.cfg, self.data_info

@@ -1,14 +1,19 @@
 """Run outputs besides checkpoints: the tqdm bar, one printed line and one ``metrics.jsonl`` row per epoch,
-TensorBoard scalars when ``tensorboard`` imports, and ``summary.json``. Only rank 0 creates a logger."""
+TensorBoard scalars when ``tensorboard`` imports, and ``summary.json``. Only rank 0 creates a logger.
+
+A write that fails (a full disk) raises a one-line :class:`~vitlab.errors.WriteError` and leaves the file as it
+was: ``metrics.jsonl`` without a torn row, ``summary.json`` the previous one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from vitlab.atomic import atomic_write_text
+from vitlab.atomic import atomic_write_text, write_error
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
 
@@ -18,12 +23,21 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(out_dir) / METRICS
     rows = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for line in path.read_text(errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(row, dict):
+                rows.append(row)
     return rows
+
+
+def kept_rows(rows: list[dict[str, Any]], completed_epochs: int) -> list[dict[str, Any]]:
+    """The rows of the epochs ``1..completed_epochs``, one per epoch (the last written), in epoch order: a row
+    logged after the last checkpoint (the run was killed before saving it) is dropped, to be logged again."""
+    by_epoch = {r["epoch"]: r for r in rows if isinstance(r.get("epoch"), int) and 1 <= r["epoch"] <= completed_epochs}
+    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 class RunLogger:
@@ -33,8 +47,11 @@ class RunLogger:
         self.out_dir = out_dir
         self.progress = progress
         self.metrics_path = out_dir / METRICS
-        rows = [r for r in read_metrics(out_dir) if r.get("epoch", 0) <= completed_epochs]
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        text = "".join(json.dumps(r) + "\n" for r in kept_rows(read_metrics(out_dir), completed_epochs))
+        try:
+            atomic_write_text(self.metrics_path, text)
+        except OSError as exc:
+            raise write_error(METRICS, out_dir, exc, len(text), "free some space there") from exc
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -53,8 +70,18 @@ class RunLogger:
                     dynamic_ncols=True, file=sys.stderr)
 
     def log_epoch(self, row: dict[str, Any]) -> None:
-        with open(self.metrics_path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        size = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
+        try:
+            with open(self.metrics_path, "a") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.truncate(self.metrics_path, size)  # no torn row
+            raise write_error(METRICS, self.out_dir, exc, len(line),
+                              f"free some space there and continue with --resume {self.out_dir}") from exc
         if self.tb is not None:
             for key in ("train_loss", "test_loss", "test_acc", "lr"):
                 self.tb.add_scalar(key, row[key], row["epoch"])
@@ -63,7 +90,12 @@ class RunLogger:
               f"test_acc {100 * row['test_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        text = json.dumps(summary, indent=2) + "\n"
+        try:
+            atomic_write_text(self.out_dir / SUMMARY, text)
+        except OSError as exc:
+            raise write_error(SUMMARY, self.out_dir, exc, len(text),
+                              f"free some space there and continue with --resume {self.out_dir}") from exc
 
     def close(self) -> None:
         if self.tb is not None:
