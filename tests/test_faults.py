@@ -209,6 +209,26 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path
     resume_and_compare(out, reference)  # also removes the stale temporary file
 
 
+def test_a_live_run_folder_refuses_a_second_writer_and_a_killed_ones_does_not(capsys, tmp_path: Path,
+                                                                              reference: Path) -> None:
+    out = tmp_path / "run"
+    proc = start(tmp_path, "pause@5", ["train", *TINY, "--output", str(out)])
+    wait_for_marker(tmp_path, proc)  # live, paused after step 5, holding the lock
+    try:
+        for argv in (["train", *TINY, "--output", str(out)], ["train", "--resume", str(out)]):
+            capsys.readouterr()
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "Traceback" not in err, err
+            assert f"{out} is being written by another vitlab train run (process {proc.pid})" in err, err
+            assert "pick another --output" in err
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        finish(proc)
+    assert (out / "train.lock").read_text().strip() == str(proc.pid)  # the stale lock of the killed run
+    resume_and_compare(out, reference)  # does not block --resume
+
+
 @pytest.mark.slow
 def test_torchrun_dead_worker_fails_the_launch_and_keeps_rank0_checkpoint(tmp_path: Path) -> None:
     out = tmp_path / "run"
