@@ -8,6 +8,7 @@ The table in docs/reliability.md lists each case with the test that shows it; th
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import json
@@ -556,6 +557,76 @@ def test_a_failed_weights_export_keeps_the_previous_file(tmp_path, monkeypatch) 
     with pytest.raises(OSError, match="disk full"):
         save_weights({"a": torch.zeros(3)}, target)
     assert torch.equal(load_file(str(target))["a"], torch.ones(3)) and leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------- a full disk
+
+FULL_RUN = [*TINY, "--epochs", "1", "--checkpoint-every", "2", "--seed", "3"]  # saves after steps 2, 4 and epoch 1
+
+
+@pytest.fixture(scope="module")
+def full_run_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("full") / "run"
+    assert main(["train", *FULL_RUN, "--output", str(out)]) == 0
+    return out
+
+
+def fill_disk_at(monkeypatch, name: str, nth: int) -> None:
+    """From the ``nth`` fsync of a file called ``name`` (or its temporary) on, every fsync fails with ENOSPC, as
+    on a disk that filled up while the data sat in the page cache."""
+    real_fsync, seen = os.fsync, {"n": 0, "full": False}
+
+    def fsync(fd: int) -> None:
+        target = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        if target == name or target.startswith(f".{name}."):
+            seen["n"] += 1
+            seen["full"] |= seen["n"] >= nth
+        if seen["full"]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+FULL_DISK = {  # the write that finds the disk full: (file name, its n-th fsync)
+    "first-state": ("state.pt", 1),  # no checkpoint complete yet: the run starts again
+    "second-weights": ("model.safetensors", 2),  # state.pt of step 4 in place, the weights still of step 2
+    "manifest-commit": ("manifest.json", 4),  # every file of step 4 in place, the manifest still says "previous"
+    "metrics-row": ("metrics.jsonl", 2),  # the epoch's row (the first fsync is the rewrite at the start)
+    "summary": ("summary.json", 1),
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+@pytest.mark.parametrize("case", list(FULL_DISK))
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_folder_consistent(
+        capsys, tmp_path, monkeypatch, full_run_reference: Path, case: str) -> None:
+    from vitlab.checkpoint.manifest import read_manifest, verify
+    from vitlab.train.logging import read_metrics
+
+    out = tmp_path / "run"
+    fill_disk_at(monkeypatch, *FULL_DISK[case])
+    msg = cli_error(capsys, ["train", *FULL_RUN, "--output", str(out)])
+    monkeypatch.undo()  # space was freed
+    assert msg.startswith("cannot write ") and f" in {out} (No space left on device): it needs about " in msg
+    assert " MB is free there; free some space there" in msg
+    saved = (out / "config.json").is_file()
+    assert (f"then continue with --resume {out}" if saved else "then start the run again (no checkpoint yet)") in msg
+    assert saved == (case != "first-state") and leftovers(out) == []
+    assert all(line.endswith("}") for line in (out / "metrics.jsonl").read_text().splitlines())
+    if saved:  # the folder is consistent: every file its manifest lists verifies, the checkpoint loads
+        for name in read_manifest(out)["files"]:
+            verify(out / name)
+        load_model(out)
+        load_train_state(out)
+        assert main(["train", "--resume", str(out)]) == 0
+    else:
+        assert main(["train", *FULL_RUN, "--output", str(out)]) == 0
+    for a, b in ((load_file(str(out / "model.safetensors")), load_file(str(full_run_reference / "model.safetensors"))),
+                 (load_train_state(out)["model"], load_train_state(full_run_reference)["model"])):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["epoch"] for r in read_metrics(out)] == [1]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
 
 
 # --------------------------------------------------------------------------------- numerical faults

@@ -63,6 +63,7 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict |
         blobs[STATE] = buf.getvalue()
     blobs[WEIGHTS] = safetensors_bytes(weights_of(model), {"format": FORMAT})
     blobs[CONFIG] = (json.dumps(config, indent=2) + "\n").encode()
+    kept = "the previous checkpoint in it is kept and loads" if (out / CONFIG).is_file() else "no checkpoint yet"
     try:
         files = manifest.begin(out, {k: manifest.entry_of(v) for k, v in blobs.items() if k != CONFIG},
                                (WEIGHTS, STATE))
@@ -71,7 +72,7 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict |
         manifest.commit(out, files)
     except OSError as exc:
         raise atomic.write_error("the checkpoint", out, exc, sum(map(len, blobs.values())),
-                                 "free some space there; the previous checkpoint in it is kept and loads") from exc
+                                 f"free some space there ({kept})") from exc
     return out
 
 

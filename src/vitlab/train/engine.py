@@ -254,11 +254,8 @@ class Trainer:
 
     def save(self) -> None:
         if self.ctx.is_main:
-            try:
-                save_checkpoint(self.out_dir, self.eval_model, run_config=self.run_config(),
-                                train_state=self.train_state())
-            except WriteError as exc:
-                raise WriteError(f"{exc}; then continue with --resume {self.out_dir}") from exc
+            save_checkpoint(self.out_dir, self.eval_model, run_config=self.run_config(),
+                            train_state=self.train_state())
         self.ctx.barrier()
 
     # ------------------------------------------------------------------------------------------ loop
@@ -278,6 +275,10 @@ class Trainer:
             if logger is not None:
                 logger.write_summary(summary)
             return TrainResult(self.out_dir, summary)
+        except WriteError as exc:  # a full disk: say how to go on once there is space
+            saved = (self.out_dir / CONFIG).is_file()
+            then = f"continue with --resume {self.out_dir}" if saved else "start the run again (no checkpoint yet)"
+            raise WriteError(f"{exc}; then {then}") from exc
         finally:
             if logger is not None:
                 logger.close()

@@ -80,8 +80,7 @@ class RunLogger:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.truncate(self.metrics_path, size)  # no torn row
-            raise write_error(METRICS, self.out_dir, exc, len(line),
-                              f"free some space there and continue with --resume {self.out_dir}") from exc
+            raise write_error(METRICS, self.out_dir, exc, len(line), "free some space there") from exc
         if self.tb is not None:
             for key in ("train_loss", "test_loss", "test_acc", "lr"):
                 self.tb.add_scalar(key, row[key], row["epoch"])
@@ -94,8 +93,7 @@ class RunLogger:
         try:
             atomic_write_text(self.out_dir / SUMMARY, text)
         except OSError as exc:
-            raise write_error(SUMMARY, self.out_dir, exc, len(text),
-                              f"free some space there and continue with --resume {self.out_dir}") from exc
+            raise write_error(SUMMARY, self.out_dir, exc, len(text), "free some space there") from exc
 
     def close(self) -> None:
         if self.tb is not None:
