@@ -270,6 +270,34 @@ def test_yaml_cannot_run_code(capsys, tmp_path) -> None:
     assert not marker.exists()
 
 
+OUT_OF_RANGE = {  # flags: the words of the one-line message (each names the allowed range)
+    "--lr 3e38": "lr must be in (0, 10], got 3e+38; fix --lr",
+    "--weight-decay 50": "weight_decay must be in [0, 10), got 50",
+    "--epochs 1000000": "epochs must be in [1, 100000], got 1000000",
+    "--batch-size 0": "batch_size must be in [1, 1000000], got 0",
+    "--degrees 720": "degrees must be in [0, 180], got 720",
+    "--scale 0.5 50": "scale must be in (0, 10], got 50",
+    "--erase-prob 2": "erase_prob must be in [0, 1], got 2",
+    "--mixup 1e9": "mixup must be in [0, 100], got 1000000000",
+}
+
+
+@pytest.mark.parametrize("flags", list(OUT_OF_RANGE))
+def test_a_number_out_of_range_is_refused_before_any_data_is_read(capsys, tmp_path, flags: str) -> None:
+    empty = tmp_path / "no-data"  # loading data from here would fail: the range check must come first
+    empty.mkdir()
+    out = tmp_path / "o"
+    argv = ["train", *TINY, *flags.split(), "--dataset", "mnist", "--data-dir", str(empty), "--no-download",
+            "--output", str(out)]
+    assert OUT_OF_RANGE[flags] in cli_error(capsys, argv)
+    assert not out.exists()
+
+
+def test_a_number_out_of_range_in_yaml_is_refused(capsys, tmp_path) -> None:
+    (tmp_path / "run.yaml").write_text("lr: 3e38\n")
+    assert "lr must be in (0, 10], got 3e+38" in cli_error(capsys, ["train", "--config", str(tmp_path / "run.yaml")])
+
+
 # --------------------------------------------------------------------------------------- checkpoints
 
 @pytest.fixture(scope="module")

@@ -413,10 +413,10 @@ def test_defaults_depend_on_size_and_kind():
 
 
 @pytest.mark.parametrize("changes,match", [
-    (dict(epochs=0), "epochs must be a positive integer"),
+    (dict(epochs=0), r"epochs must be in \[1, 100000\], got 0"),
     (dict(label_smoothing=1.5), "label_smoothing must be in"),
     (dict(amp="fp16"), "unknown amp"),
-    (dict(lr=-1.0), "lr must be >= 0"),
+    (dict(lr=-1.0), r"lr must be in \(0, 10\]"),
 ])
 def test_bad_run_values_are_refused(changes, match):
     with pytest.raises(ConfigError, match=match):
