@@ -233,9 +233,11 @@ def test_checkpoint_every_saves_mid_epoch(tmp_path):
 # ------------------------------------------------------------------------------------- non-finite loss
 
 
-def test_nonfinite_loss_stops_with_a_message(tmp_path, capsys):
+def test_nonfinite_loss_stops_with_a_message(tmp_path, capsys, monkeypatch):
     out = tmp_path / "o"
-    assert run_cli(*TINY, "--epochs", "1", "--lr", "1e30", "--output", str(out)) == 2
+    real = torch.nn.CrossEntropyLoss.forward  # a NaN loss, as --lr 1e30 gave before such rates were refused
+    monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward", lambda self, x, y: real(self, x, y) * float("nan"))
+    assert run_cli(*TINY, "--epochs", "1", "--output", str(out)) == 2
     err = one_error_line(capsys)
     assert "non-finite loss" in err and "epoch 1 step" in err and "learning rate too high" in err
     assert "--skip-nonfinite" in err and not (out / "model.safetensors").exists()

@@ -262,11 +262,12 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg, p = self.cfg, self.progress
-        logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch) \
-            if self.ctx.is_main else None
-        if self.ctx.is_main:
-            self._announce()
+        logger = None
         try:
+            logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch) \
+                if self.ctx.is_main else None
+            if self.ctx.is_main:
+                self._announce()
             with self.stop:
                 while p.epoch < cfg.epochs:
                     if not self._run_epoch(logger) and p.epoch < cfg.epochs:
