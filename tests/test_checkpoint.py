@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -48,7 +49,12 @@ def test_checkpoint_files_and_config_contract(tmp_path):
     run = {"dataset": "mnist-5k", "lr": 0.002}
     state = {"step": torch.tensor(7), "epoch": 2, "rng": torch.get_rng_state()}
     out = save_checkpoint(tmp_path / "ck", model, run_config=run, train_state=state)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "state.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "manifest.json", "model.safetensors", "state.pt"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "vitlab-manifest/1" and "previous" not in manifest
+    for name in ("model.safetensors", "state.pt"):
+        data = (out / name).read_bytes()
+        assert manifest["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     config = json.loads((out / "config.json").read_text())
     assert config["format"] == FORMAT == "vitlab-checkpoint/1"
     assert config["model"] == model.cfg.to_dict() and config["run"] == run
@@ -152,19 +158,24 @@ def test_state_mismatch_is_empty_for_equal_layouts():
 
 
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    import safetensors.torch
+    from vitlab import atomic
 
     first = tiny_vit()
     save_checkpoint(tmp_path, first, run_config={"n": 1})
-    real_save = safetensors.torch.save_file
+    real_write = atomic.atomic_write
 
-    def half_then_die(tensors, filename, metadata=None):
-        real_save(tensors, filename, metadata=metadata)
-        with open(filename, "r+b") as fh:  # a torn write: the file is cut short, then the process "dies"
-            fh.truncate(100)
-        raise KeyboardInterrupt
+    def half_then_die(path, write):
+        if Path(path).name != "model.safetensors":
+            return real_write(path, write)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", half_then_die)
+        def torn(tmp):  # a torn write: the file is cut short, then the process "dies"
+            write(tmp)
+            os.truncate(tmp, 100)
+            raise KeyboardInterrupt
+
+        return real_write(path, torn)
+
+    monkeypatch.setattr(atomic, "atomic_write", half_then_die)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, tiny_vit(), run_config={"n": 2})
     monkeypatch.undo()

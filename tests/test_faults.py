@@ -10,7 +10,9 @@ resumed run must match bit for bit (same seed, CPU, one thread).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -209,6 +211,26 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path
     resume_and_compare(out, reference)  # also removes the stale temporary file
 
 
+def test_a_live_run_folder_refuses_a_second_writer_and_a_killed_ones_does_not(capsys, tmp_path: Path,
+                                                                              reference: Path) -> None:
+    out = tmp_path / "run"
+    proc = start(tmp_path, "pause@5", ["train", *TINY, "--output", str(out)])
+    wait_for_marker(tmp_path, proc)  # live, paused after step 5, holding the lock
+    try:
+        for argv in (["train", *TINY, "--output", str(out)], ["train", "--resume", str(out)]):
+            capsys.readouterr()
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "Traceback" not in err, err
+            assert f"{out} is being written by another vitlab train run (process {proc.pid})" in err, err
+            assert "pick another --output" in err
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        finish(proc)
+    assert (out / "train.lock").read_text().strip() == str(proc.pid)  # the stale lock of the killed run
+    resume_and_compare(out, reference)  # does not block --resume
+
+
 @pytest.mark.slow
 def test_torchrun_dead_worker_fails_the_launch_and_keeps_rank0_checkpoint(tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -240,3 +262,196 @@ def test_python_m_vitlab_bad_input_exits_2_with_one_line(tmp_path: Path, case: s
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(needle), proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ kill anywhere
+
+ZYGOTE = r'''
+"""Import vitlab once, then fork one training process per request line (JSON: argv, kill point, trace, log).
+
+Each forked process runs the CLI with hooks at every event of a run: after a step, after an evaluation, before and
+after appending a metrics row, half-way through and right after each atomic file write. An event is
+[kind, stage, global step, n-th of its kind there]; the process SIGKILLs itself at the one named ``kill``, and
+appends every event to ``trace`` when given. The reply is the process's exit status (-9: killed).
+"""
+import json, os, signal, sys
+from pathlib import Path
+
+from vitlab import atomic, perf
+from vitlab.cli import main
+from vitlab.train import engine
+from vitlab.train.logging import RunLogger
+
+perf.fused_adamw_supported("cpu")  # warm what every run would import again (torch._dynamo: seconds)
+try:
+    import torch.utils.tensorboard
+except ImportError:
+    pass
+
+
+def run(request):
+    kill, where, counts = request["kill"], {"stage": "start", "g": 0}, {}
+    trace = open(request["trace"], "w") if request["trace"] else None
+
+    def event(kind):
+        if where["stage"] == "start":  # the metrics rewrite when a process starts: not part of the run
+            return False
+        key = (kind, where["stage"], where["g"])
+        counts[key] = counts.get(key, 0) + 1
+        point = [*key, counts[key]]
+        if trace:
+            trace.write(json.dumps(point) + "\n")
+            trace.flush()
+        return point == kill
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    fit, step, evaluate = engine.Trainer.fit, engine.Trainer._train_step, engine.evaluate
+    log_epoch, atomic_write = RunLogger.log_epoch, atomic.atomic_write
+
+    def hooked_fit(self):
+        where.update(stage="start", g=self.progress.global_step)
+        return fit(self)
+
+    def hooked_step(self, *args):
+        loss = step(self, *args)
+        where.update(stage="step", g=self.progress.global_step)
+        if event("step"):
+            die()
+        return loss
+
+    def hooked_evaluate(*args, **kwargs):
+        result = evaluate(*args, **kwargs)
+        where["stage"] = "epoch"
+        if event("eval"):
+            die()
+        return result
+
+    def hooked_log_epoch(self, row):
+        if event("log-torn"):
+            line = json.dumps(row) + "\n"
+            with open(self.metrics_path, "a") as fh:
+                fh.write(line[: len(line) // 2])
+            die()
+        log_epoch(self, row)
+        if event("log"):
+            die()
+
+    def hooked_write(path, write):
+        name = Path(path).name
+        if event("write:" + name):
+            def torn(tmp):
+                write(tmp)
+                os.truncate(tmp, os.path.getsize(tmp) // 2)
+                die()
+            return atomic_write(path, torn)
+        atomic_write(path, write)
+        if event("after:" + name):
+            die()
+
+    engine.Trainer.fit, engine.Trainer._train_step, engine.evaluate = hooked_fit, hooked_step, hooked_evaluate
+    RunLogger.log_epoch, atomic.atomic_write = hooked_log_epoch, hooked_write
+    return main(request["argv"])
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        code = 1
+        try:
+            code = run(request)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
+'''
+
+KILL_RUN = [*TINY[:-2], "--checkpoint-every", "1"]  # 12 steps over 3 epochs, a checkpoint after each step
+# the kind of event of each kill, one kill per tenth of the run: writes (half-way through a file),
+# "after" (between the files of a checkpoint), steps, an evaluation, a torn metrics row and a row logged before
+# its checkpoint was saved
+KILL_KINDS = ["write", "step", "eval", "after", "step", "log-torn", "write", "after", "step", "log"]
+
+
+class Zygote:
+    """The ZYGOTE process: one import of torch and vitlab for every run it forks."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        script = tmp_path / "zygote.py"
+        script.write_text(ZYGOTE)
+        self.tmp_path, self.runs = tmp_path, 0
+        self.proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=child_env(tmp_path),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, argv: list[str], kill: list | None = None, trace: Path | None = None) -> int:
+        self.runs += 1
+        log = self.tmp_path / f"run{self.runs}.log"
+        request = {"argv": argv, "kill": kill, "trace": str(trace) if trace else None, "log": str(log)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        assert reply, f"the zygote died:\n{log.read_text() if log.exists() else ''}"
+        status = json.loads(reply)["status"]
+        assert status in (0, -signal.SIGKILL), f"run {argv} ended with {status}:\n{log.read_text()}"
+        return status
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        finish(self.proc)
+
+
+def resumed_from(out: Path) -> tuple[int, int]:
+    """(global step, step in its epoch) of the checkpoint a resume continues; (0, 0) when there is none. Loading it
+    verifies both files against the manifest: every kill leaves a whole checkpoint or none."""
+    if not (out / "config.json").is_file():
+        return 0, 0
+    load_model(out)
+    progress = load_train_state(out)["progress"]
+    return progress["global_step"], progress["step"]
+
+
+def reachable(point: list, g0: int, step0: int, steps_per_epoch: int = 4) -> bool:
+    """Whether a process resumed at global step ``g0`` replays the event ``point`` (a checkpoint saved at an epoch's
+    last step, before its evaluation, replays that evaluation)."""
+    _, stage, g, _ = point
+    return g > g0 or (stage == "epoch" and g == g0 and step0 == steps_per_epoch)
+
+
+def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_weights_bit_for_bit(tmp_path: Path) -> None:
+    kills = len(KILL_KINDS)
+    zygote = Zygote(tmp_path)
+    try:
+        reference, trace, out = tmp_path / "reference", tmp_path / "trace.jsonl", tmp_path / "run"
+        assert zygote.run(["train", *KILL_RUN, "--output", str(reference)], trace=trace) == 0
+        timeline = [json.loads(line) for line in trace.read_text().splitlines()]
+        rng, position, killed = random.Random(kills), 0, []
+        for i, kind in enumerate(KILL_KINDS[:kills]):
+            g0, step0 = resumed_from(out)
+            start, end = max(position, i * len(timeline) // kills), (i + 1) * len(timeline) // kills
+            candidates = [j for j in range(start, len(timeline)) if timeline[j][0].split(":")[0] == kind
+                          and reachable(timeline[j], g0, step0)]
+            assert candidates, f"no {kind} event after {timeline[start]} to kill at (killed at {killed})"
+            j = rng.choice([j for j in candidates if j < end] or candidates[:1])  # in this tenth of the run
+            argv = ["train", "--resume", str(out)] if (out / "config.json").is_file() else \
+                ["train", *KILL_RUN, "--output", str(out)]
+            assert zygote.run(argv, kill=timeline[j]) == -signal.SIGKILL, f"not killed at {timeline[j]}"
+            killed.append(timeline[j])
+            position = j + 1
+        assert zygote.run(["train", "--resume", str(out)]) == 0
+    finally:
+        zygote.close()
+    assert len(killed) == kills and {k[0].split(":")[0] for k in killed} == set(KILL_KINDS[:kills])
+    states = load_train_state(out)["model"], load_train_state(reference)["model"]
+    for a, b in ((weights(out), weights(reference)), states):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), killed
+    rows, lines = read_metrics(out), (out / "metrics.jsonl").read_text().splitlines()
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and len(lines) == 3  # each epoch once, no torn line
+    assert [r["test_acc"] for r in rows] == [r["test_acc"] for r in read_metrics(reference)]
+    assert (out / "summary.json").is_file() and not [p for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -21,7 +21,7 @@ from vitlab import ConfigError, build_model, get_config
 from vitlab.errors import CheckpointError, DataError
 from vitlab.models import ModelConfig
 from vitlab.models.config import ARCHS, ATTNS, POOLS, REG_POSITIONS, STEMS
-from vitlab.train.config import RunConfig, load_yaml
+from vitlab.train.config import LIMITS, RunConfig, load_yaml
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -189,6 +189,37 @@ def test_a_run_config_is_usable_or_raises_config_error(changes: dict, num_train:
         assert math.isfinite(value) and value >= 0, (key, value)
     assert cfg.lr > 0 and 0 < cfg.scale[0] <= cfg.scale[1] and math.isfinite(cfg.scale[1])
     assert 0 <= cfg.label_smoothing < 1 and 0 <= cfg.drop_path < 1
+    for key, (low, high, _, _) in LIMITS.items():  # every number within the range a run can work with
+        values = getattr(cfg, key)
+        assert all(low(v) and high(v) for v in (values if isinstance(values, tuple) else (values,)) if v is not None)
+
+
+def _outside(key: str) -> st.SearchStrategy:
+    """Finite numbers, most of them outside ``LIMITS[key]``; floats for float fields, integers for int fields."""
+    if key in ("epochs", "batch_size", "eval_batch_size", "threads", "slices", "checkpoint_every", "pad_crop"):
+        return st.one_of(st.integers(-10**12, 10**12), st.sampled_from([0, -1, 100_001, 1_000_001, 4097, 1025]))
+    return st.one_of(st.floats(-1e300, 1e300, allow_nan=False), st.sampled_from([3e38, 0.0, -1e-9, 10.0, 180.5, 90.0,
+                                                                                 1.0, 100.5, 1.5]))
+
+
+@CHEAP
+@given(data=st.data(), key=st.sampled_from(sorted(LIMITS)), flags=st.booleans())
+def test_a_number_out_of_range_is_refused_up_front_naming_the_range(data: st.DataObject, key: str,
+                                                                    flags: bool) -> None:
+    """``--lr 3e38`` and every other number beyond what a run can work with: one line naming the allowed range,
+    before any data is loaded (``RunConfig.validate``, which ``vitlab.train.engine.train`` calls first)."""
+    value = data.draw(_outside(key))
+    low, high, interval, _ = LIMITS[key]
+    option = (min(value, 10.0), value) if key == "scale" else value  # scale: the high end out of range
+    try:
+        cfg = RunConfig().replace(**{key: option}) if flags else RunConfig.from_dict({key: option}, "x.yaml")
+        cfg.validate()
+    except ConfigError as exc:
+        assert not (low(value) and high(value)) or (key == "scale" and option[0] > option[1]), (key, value)
+        if not key == "scale" or option[0] <= option[1]:
+            assert f"{key} must be in {interval}, got " in str(exc) and "\n" not in str(exc)
+        return
+    assert low(value) and high(value), (key, value)
 
 
 RUN_FLOATS = ("lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "clip_grad", "drop_path",
@@ -297,16 +328,19 @@ def test_damaged_state_file_loads_or_raises_checkpoint_error(tmp_path_factory: p
 
 
 @FAST
-@given(cut=st.integers(0, 4000), flips=st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=6))
-def test_damaged_checkpoint_loads_or_raises_checkpoint_error(tmp_path_factory: pytest.TempPathFactory, cut: int,
-                                                             flips: list[tuple[int, int]]) -> None:
+@given(cut=st.one_of(st.none(), st.integers(0, 4000)),
+       flips=st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=6))
+def test_damaged_checkpoint_loads_or_raises_checkpoint_error(tmp_path_factory: pytest.TempPathFactory,
+                                                             cut: int | None, flips: list[tuple[int, int]]) -> None:
     from vitlab import create_model
     from vitlab.checkpoint import load_model, save_checkpoint
 
     out = tmp_path_factory.mktemp("ck")
     save_checkpoint(out, create_model("vit_mnist", **{**TINY, "num_classes": 10}))
-    data = bytearray((out / "model.safetensors").read_bytes())
-    data = data[:cut % (len(data) + 1)]
+    original = (out / "model.safetensors").read_bytes()
+    data = bytearray(original)
+    if cut is not None:
+        data = data[:cut % (len(data) + 1)]
     for pos, byte in flips:
         if data:
             data[pos % len(data)] = byte
@@ -316,4 +350,5 @@ def test_damaged_checkpoint_loads_or_raises_checkpoint_error(tmp_path_factory: p
     except CheckpointError as exc:
         assert "\n" not in str(exc)
         return
+    assert bytes(data) == original  # any change is refused: by the parser or by the manifest's SHA-256
     assert model.cfg.embed_dim == TINY["embed_dim"]

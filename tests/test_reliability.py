@@ -8,6 +8,7 @@ The table in docs/reliability.md lists each case with the test that shows it; th
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import json
@@ -269,6 +270,34 @@ def test_yaml_cannot_run_code(capsys, tmp_path) -> None:
     assert not marker.exists()
 
 
+OUT_OF_RANGE = {  # flags: the words of the one-line message (each names the allowed range)
+    "--lr 3e38": "lr must be in (0, 10], got 3e+38; fix --lr",
+    "--weight-decay 50": "weight_decay must be in [0, 10), got 50",
+    "--epochs 1000000": "epochs must be in [1, 100000], got 1000000",
+    "--batch-size 0": "batch_size must be in [1, 1000000], got 0",
+    "--degrees 720": "degrees must be in [0, 180], got 720",
+    "--scale 0.5 50": "scale must be in (0, 10], got 50",
+    "--erase-prob 2": "erase_prob must be in [0, 1], got 2",
+    "--mixup 1e9": "mixup must be in [0, 100], got 1000000000",
+}
+
+
+@pytest.mark.parametrize("flags", list(OUT_OF_RANGE))
+def test_a_number_out_of_range_is_refused_before_any_data_is_read(capsys, tmp_path, flags: str) -> None:
+    empty = tmp_path / "no-data"  # loading data from here would fail: the range check must come first
+    empty.mkdir()
+    out = tmp_path / "o"
+    argv = ["train", *TINY, *flags.split(), "--dataset", "mnist", "--data-dir", str(empty), "--no-download",
+            "--output", str(out)]
+    assert OUT_OF_RANGE[flags] in cli_error(capsys, argv)
+    assert not out.exists()
+
+
+def test_a_number_out_of_range_in_yaml_is_refused(capsys, tmp_path) -> None:
+    (tmp_path / "run.yaml").write_text("lr: 3e38\n")
+    assert "lr must be in (0, 10], got 3e+38" in cli_error(capsys, ["train", "--config", str(tmp_path / "run.yaml")])
+
+
 # --------------------------------------------------------------------------------------- checkpoints
 
 @pytest.fixture(scope="module")
@@ -347,6 +376,64 @@ def test_damaged_training_state_refuses_resume(capsys, tmp_path, trained: Path, 
     load_model(out)  # the weights themselves are still usable
 
 
+# --------------------------------------------------------------------------------------- checksums
+
+def _flip_last_byte(path: Path) -> None:
+    """Flip one bit of the last byte of a safetensors file: tensor data, so the file still parses."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_the_weights_is_refused_in_one_line(capsys, tmp_path, trained: Path) -> None:
+    out = damaged(trained, tmp_path, lambda d: _flip_last_byte(d / "model.safetensors"))
+    edited = load_model(out, verify=False)  # the control: the damaged file parses, one value differs
+    good = load_model(trained)
+    diff = [k for k, v in edited.state_dict().items() if not torch.equal(v, good.state_dict()[k])]
+    assert len(diff) == 1
+    words = f"{out / 'model.safetensors'} does not match the SHA-256 recorded in {out / 'manifest.json'}"
+    for load in (lambda: load_model(out), lambda: read_weights(out), lambda: load_pretrained(None, out),
+                 lambda: read_weights(out / "model.safetensors")):
+        msg = api_error(CheckpointError, load)
+        assert words in msg and "--no-verify" in msg
+    for argv in (["eval", "--checkpoint", str(out), "--device", "cpu"],
+                 ["predict", "--checkpoint", str(out), "x.png"],
+                 ["analyze", "--checkpoint", str(out), "--output", str(tmp_path / "a")],
+                 ["convert", str(out), str(tmp_path / "c.safetensors")]):
+        assert words in cli_error(capsys, argv)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c.safetensors").exists()
+    assert main(["eval", "--checkpoint", str(out), "--device", "cpu", "--no-verify"]) == 0
+    assert main(["convert", str(out), str(tmp_path / "c.safetensors"), "--no-verify"]) == 0
+
+
+def test_a_changed_training_state_is_refused_on_resume(capsys, tmp_path, trained: Path) -> None:
+    def edit_state(d: Path) -> None:  # a well-formed state.pt of other content (another run's, or edited)
+        state = torch.load(d / "state.pt", weights_only=True)
+        state["progress"]["best_test_acc"] = 0.99
+        torch.save(state, d / "state.pt")
+
+    out = damaged(trained, tmp_path, edit_state)
+    msg = api_error(CheckpointError, load_train_state, out)
+    assert f"{out / 'state.pt'} does not match the SHA-256" in msg and "--no-verify" in msg
+    assert cli_error(capsys, ["train", "--resume", str(out), "--epochs", "2"]) == msg
+    load_model(out)  # the weights are whole
+    assert load_train_state(out, verify=False)["progress"]["best_test_acc"] == 0.99
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--no-verify"]) == 0
+    assert load_train_state(out)["progress"]["epoch"] == 2  # the next save records the new state
+
+
+def test_without_a_manifest_files_load_as_before_and_a_damaged_manifest_is_named(capsys, tmp_path,
+                                                                                 trained: Path) -> None:
+    out = damaged(trained, tmp_path, lambda d: (d / "manifest.json").unlink())
+    load_model(out)
+    load_train_state(out)  # timm-style folders and checkpoints of older vitlab versions carry no manifest
+    (out / "manifest.json").write_text('{"format": "vitlab-manifest/1", "files": ')
+    msg = api_error(CheckpointError, load_model, out)
+    assert f"{out / 'manifest.json'} is damaged" in msg and "--no-verify" in msg
+    assert cli_error(capsys, ["eval", "--checkpoint", str(out), "--device", "cpu"]) == msg
+    load_model(out, verify=False)
+
+
 # ----------------------------------------------------------------------------------- untrusted pickles
 
 class Payload:
@@ -421,13 +508,19 @@ def test_damaged_torch_files_raise_checkpoint_error(capsys, tmp_path, fault: str
 def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, trained: Path, monkeypatch) -> None:
     out = damaged(trained, tmp_path, lambda d: None)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    import safetensors.torch
+    real_write = atomic_module.atomic_write
 
-    def half_then_die(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"\x00" * 1000)  # half a file on disk when the process is interrupted
-        raise KeyboardInterrupt
+    def half_then_die(path, write):
+        if Path(path).name != "model.safetensors":
+            return real_write(path, write)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", half_then_die)
+        def torn(tmp):
+            Path(tmp).write_bytes(b"\x00" * 1000)  # half a file on disk when the process is interrupted
+            raise KeyboardInterrupt
+
+        return real_write(path, torn)
+
+    monkeypatch.setattr(atomic_module, "atomic_write", half_then_die)
     model = vitlab.create_model("vit_mnist", depth=1, embed_dim=16, num_heads=2)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(out, model, run_config={"x": 1}, train_state={"progress": {"epoch": 9}})
@@ -492,6 +585,76 @@ def test_a_failed_weights_export_keeps_the_previous_file(tmp_path, monkeypatch) 
     with pytest.raises(OSError, match="disk full"):
         save_weights({"a": torch.zeros(3)}, target)
     assert torch.equal(load_file(str(target))["a"], torch.ones(3)) and leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------- a full disk
+
+FULL_RUN = [*TINY, "--epochs", "1", "--checkpoint-every", "2", "--seed", "3"]  # saves after steps 2, 4 and epoch 1
+
+
+@pytest.fixture(scope="module")
+def full_run_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("full") / "run"
+    assert main(["train", *FULL_RUN, "--output", str(out)]) == 0
+    return out
+
+
+def fill_disk_at(monkeypatch, name: str, nth: int) -> None:
+    """From the ``nth`` fsync of a file called ``name`` (or its temporary) on, every fsync fails with ENOSPC, as
+    on a disk that filled up while the data sat in the page cache."""
+    real_fsync, seen = os.fsync, {"n": 0, "full": False}
+
+    def fsync(fd: int) -> None:
+        target = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        if target == name or target.startswith(f".{name}."):
+            seen["n"] += 1
+            seen["full"] |= seen["n"] >= nth
+        if seen["full"]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+FULL_DISK = {  # the write that finds the disk full: (file name, its n-th fsync)
+    "first-state": ("state.pt", 1),  # no checkpoint complete yet: the run starts again
+    "second-weights": ("model.safetensors", 2),  # state.pt of step 4 in place, the weights still of step 2
+    "manifest-commit": ("manifest.json", 4),  # every file of step 4 in place, the manifest still says "previous"
+    "metrics-row": ("metrics.jsonl", 2),  # the epoch's row (the first fsync is the rewrite at the start)
+    "summary": ("summary.json", 1),
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+@pytest.mark.parametrize("case", list(FULL_DISK))
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_folder_consistent(
+        capsys, tmp_path, monkeypatch, full_run_reference: Path, case: str) -> None:
+    from vitlab.checkpoint.manifest import read_manifest, verify
+    from vitlab.train.logging import read_metrics
+
+    out = tmp_path / "run"
+    fill_disk_at(monkeypatch, *FULL_DISK[case])
+    msg = cli_error(capsys, ["train", *FULL_RUN, "--output", str(out)])
+    monkeypatch.undo()  # space was freed
+    assert msg.startswith("cannot write ") and f" in {out} (No space left on device): it needs about " in msg
+    assert " MB is free there; free some space there" in msg
+    saved = (out / "config.json").is_file()
+    assert (f"then continue with --resume {out}" if saved else "then start the run again (no checkpoint yet)") in msg
+    assert saved == (case != "first-state") and leftovers(out) == []
+    assert all(line.endswith("}") for line in (out / "metrics.jsonl").read_text().splitlines())
+    if saved:  # the folder is consistent: every file its manifest lists verifies, the checkpoint loads
+        for name in read_manifest(out)["files"]:
+            verify(out / name)
+        load_model(out)
+        load_train_state(out)
+        assert main(["train", "--resume", str(out)]) == 0
+    else:
+        assert main(["train", *FULL_RUN, "--output", str(out)]) == 0
+    for a, b in ((load_file(str(out / "model.safetensors")), load_file(str(full_run_reference / "model.safetensors"))),
+                 (load_train_state(out)["model"], load_train_state(full_run_reference)["model"])):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["epoch"] for r in read_metrics(out)] == [1]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
 
 
 # --------------------------------------------------------------------------------- numerical faults

@@ -214,7 +214,7 @@ def test_trainer_picks_one_slice_per_core_for_small_models(tmp_path, monkeypatch
 @pytest.mark.parametrize("extra,match", [
     (["--slices", "2", "--set", "drop_rate=0.1"], "dropout"),
     (["--slices", "2", "--compile"], "compiled"),
-    (["--slices", "0"], "slices must be a positive integer"),
+    (["--slices", "0"], "slices must be in [1, 4096], got 0"),
 ])
 def test_trainer_refuses_slices_it_cannot_honour(tmp_path, capsys, extra, match):
     out = tmp_path / "o"

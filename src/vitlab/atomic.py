@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from vitlab.errors import WriteError
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -52,3 +55,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def write_error(what: str, folder: Path, exc: OSError, needed: int, fix: str) -> WriteError:
+    """A one-line :class:`WriteError` for a failed write of ``what`` (``needed`` bytes) into ``folder``."""
+    try:
+        free = megabytes(shutil.disk_usage(folder).free)
+    except OSError:
+        free = "unknown"
+    reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
+    err = WriteError(f"cannot write {what} in {folder} ({reason}): it needs about {megabytes(needed)} free, "
+                     f"{free} is free there; {fix}")
+    err.errno = exc.errno
+    return err

@@ -19,3 +19,10 @@ class DataError(VitlabError):
 
 class CheckpointError(VitlabError):
     """A checkpoint or weight file that cannot be loaded."""
+
+
+class WriteError(VitlabError, OSError):
+    """A file that could not be written (a full disk, a read-only folder); the previous version is kept.
+
+    Also an ``OSError``, so callers catching write failures keep working.
+    """

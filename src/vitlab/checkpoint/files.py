@@ -8,10 +8,13 @@ A checkpoint directory holds
   "vitlab_version": ...}``;
 - ``state.pt`` (training runs): model, optimiser, scheduler, EMA, step, epoch, RNG and metrics, plain
   tensors and numbers only, read back with ``torch.load(weights_only=True)``. It carries its own copy of
-  the weights, so resuming reads one file that is replaced in a single step.
+  the weights, so resuming reads one file that is replaced in a single step;
+- ``manifest.json``: the SHA-256 and size of ``model.safetensors`` and ``state.pt``, checked on every load
+  (:mod:`vitlab.checkpoint.manifest`; ``verify=False`` skips the check).
 
 Every file goes to a temporary name in the same directory and is then ``os.replace``-d (``vitlab.atomic``):
-a kill mid-write leaves the previous file intact and no partial file under the final name.
+a kill mid-write leaves the previous file intact and no partial file under the final name. A write that fails
+(a full disk) raises a one-line :class:`~vitlab.errors.WriteError` and leaves the previous checkpoint loadable.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from torch import Tensor, nn
 
 from vitlab import atomic
 from vitlab.checkpoint.data_config import apply_checkpoint_config
+from vitlab.checkpoint import manifest
+from vitlab.checkpoint.manifest import MANIFEST
 from vitlab.checkpoint.spec import ModelSpec, build_vitlab, create_timm, is_timm, spec_of, unwrap
-from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, write_safetensors
+from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, safetensors_bytes
 from vitlab.errors import CheckpointError
 from vitlab.models import ModelConfig, get_config
 from vitlab.version import __version__
@@ -44,19 +49,31 @@ def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict | None = None,
                     train_state: dict | None = None) -> Path:
-    """Write ``model.safetensors``, ``config.json`` and, when given, ``state.pt`` into ``out_dir``."""
+    """Write ``model.safetensors``, ``config.json``, ``manifest.json`` and, when given, ``state.pt`` into
+    ``out_dir``; a failed write raises :class:`~vitlab.errors.WriteError` and keeps the previous checkpoint."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name in (STATE, WEIGHTS, CONFIG):  # temporaries a SIGKILL left mid-write (this is the only writer)
+    for name in (STATE, WEIGHTS, CONFIG, MANIFEST):  # temporaries a SIGKILL left mid-write (the only writer)
         for stale in out.glob(f".{name}.*.tmp"):
             stale.unlink(missing_ok=True)
     config = {"format": FORMAT, "model": spec_of(model).to_dict(), "run": run_config, "vitlab_version": __version__}
+    blobs = {}
     if train_state is not None:
         buf = io.BytesIO()
         torch.save(train_state, buf)
-        atomic.atomic_write_bytes(out / STATE, buf.getvalue())
-    write_safetensors(out / WEIGHTS, weights_of(model), {"format": FORMAT})
-    atomic.atomic_write_text(out / CONFIG, json.dumps(config, indent=2) + "\n")
+        blobs[STATE] = buf.getvalue()
+    blobs[WEIGHTS] = safetensors_bytes(weights_of(model), {"format": FORMAT})
+    blobs[CONFIG] = (json.dumps(config, indent=2) + "\n").encode()
+    kept = "the previous checkpoint in it is kept and loads" if (out / CONFIG).is_file() else "no checkpoint yet"
+    try:
+        files = manifest.begin(out, {k: manifest.entry_of(v) for k, v in blobs.items() if k != CONFIG},
+                               (WEIGHTS, STATE))
+        for name, data in blobs.items():  # state.pt first: it alone is read to resume
+            atomic.atomic_write_bytes(out / name, data)
+        manifest.commit(out, files)
+    except OSError as exc:
+        raise atomic.write_error("the checkpoint", out, exc, sum(map(len, blobs.values())),
+                                 f"free some space there ({kept})") from exc
     return out
 
 
@@ -99,19 +116,23 @@ def read_spec(path: str | Path) -> ModelSpec:
         raise CheckpointError(f"cannot rebuild the model of {path} ({exc})") from exc
 
 
-def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor]:
+def _checkpoint_weights(path: str | Path, verify: bool) -> dict[str, torch.Tensor]:
     file = _checkpoint_dir(path) / WEIGHTS
     if not file.is_file():
         raise CheckpointError(f"{file.parent} has no {WEIGHTS}; pass the directory of a finished or "
                               "interrupted `vitlab train` run")
-    return read_safetensors(file)[0]
+    state = read_safetensors(file)[0]
+    if verify:
+        manifest.verify(file)
+    return state
 
 
-def read_weights(path: str | os.PathLike) -> tuple[dict[str, Tensor], ModelConfig | None]:
+def read_weights(path: str | os.PathLike, *, verify: bool = True) -> tuple[dict[str, Tensor], ModelConfig | None]:
     """The state dict in ``path`` and, for a vitlab checkpoint or export, its model config (else None).
 
     ``path``: a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` file (read with ``weights_only=True``),
-    or a checkpoint directory holding ``model.safetensors`` and ``config.json``.
+    or a checkpoint directory holding ``model.safetensors`` and ``config.json``. A file listed in the
+    ``manifest.json`` beside it must match its recorded SHA-256 unless ``verify`` is False.
     """
     p = Path(path)
     if p.is_dir():
@@ -119,18 +140,23 @@ def read_weights(path: str | os.PathLike) -> tuple[dict[str, Tensor], ModelConfi
         if not weights.is_file():
             raise CheckpointError(f"{p} is a directory without model.safetensors; pass a vitlab checkpoint directory "
                                   f"(model.safetensors + config.json) or the weight file itself")
-        state, _ = read_weights(weights)
+        state, _ = read_weights(weights, verify=verify)
         return state, _config_json(p / CONFIG, required=True)
     if not p.is_file():
         raise CheckpointError(f"no weight file {p}; pass an existing .safetensors or .pth file or a vitlab "
                               f"checkpoint directory")
     if p.suffix == ".safetensors":
         state, meta = read_safetensors(p)
+        if verify:
+            manifest.verify(p)
         if "vitlab_config" in meta:
             return state, ModelConfig.from_dict(json.loads(meta["vitlab_config"]))
         return state, _config_json(p.parent / CONFIG, required=False)
     if p.suffix in TORCH_SUFFIXES:
-        return read_torch(p), None
+        state = read_torch(p)
+        if verify:
+            manifest.verify(p)
+        return state, None
     raise CheckpointError(f"{p} is neither .safetensors nor {'/'.join(TORCH_SUFFIXES)}; save the weights in one "
                           f"of those formats")
 
@@ -186,8 +212,9 @@ def _config_diff(saved: ModelSpec, wanted: ModelSpec) -> str:
     return ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in keys)
 
 
-def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) -> nn.Module:
-    """Rebuild the model of a checkpoint and load its weights, checking every key and shape.
+def load_model(path: str | Path, *, model: str | None = None, verify: bool = True, **overrides: Any) -> nn.Module:
+    """Rebuild the model of a checkpoint and load its weights, checking every key and shape and (unless
+    ``verify`` is False) the SHA-256 its ``manifest.json`` records.
 
     ``overrides`` change options of the stored architecture (``drop_path_rate=0``...). ``model`` names the
     architecture the caller expects instead (a preset or ``timm:NAME``, built at the checkpoint's
@@ -209,7 +236,7 @@ def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) 
             net = create_timm(model[len("timm:"):], opts)
         else:
             net = build_vitlab(get_config(model, **opts))
-    weights = _checkpoint_weights(path)
+    weights = _checkpoint_weights(path, verify)
     expected = net.state_dict()
     problem = state_mismatch(expected, weights)
     if problem and model is None and not overrides:  # the two files disagree with each other
@@ -227,15 +254,19 @@ def load_model(path: str | Path, *, model: str | None = None, **overrides: Any) 
     return apply_checkpoint_config(net, read_config(path))  # pretrained_cfg: the run's normalisation, for timm.data
 
 
-def load_train_state(path: str | Path) -> dict[str, Any]:
-    """The ``state.pt`` of a checkpoint directory, loaded with ``weights_only=True`` (no code is unpickled)."""
+def load_train_state(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
+    """The ``state.pt`` of a checkpoint directory, loaded with ``weights_only=True`` (no code is unpickled) and
+    checked against its ``manifest.json`` unless ``verify`` is False."""
     file = _checkpoint_dir(path) / STATE
     if not file.is_file():
         raise CheckpointError(f"{file.parent} has no {STATE} to resume from; it was saved without training "
                               "state (start a new run, or fine-tune from its weights)")
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"{file} cannot be read safely ({msg}); it is damaged or not a vitlab state file, "
                               "start a new run") from exc
+    if verify:
+        manifest.verify(file)
+    return state

@@ -58,6 +58,13 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor], metad
     atomic.atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
+def safetensors_bytes(tensors: dict[str, Tensor], metadata: dict[str, str] | None) -> bytes:
+    """The bytes of a ``.safetensors`` file of ``tensors`` (CPU, contiguous, separate storage each)."""
+    from safetensors.torch import save
+
+    return save(tensors, metadata=metadata)
+
+
 def save_weights(state: dict[str, Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:
     """Write ``state`` to a ``.safetensors`` file atomically (a temporary file, fsynced, then a rename)."""
     p = check_output_path(path)

@@ -43,10 +43,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", metavar="DEV",
                    help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="load a checkpoint file whose SHA-256 no longer matches its manifest.json (edited on purpose)")
     p.set_defaults(func=run)
 
 
-def load_checkpoint(checkpoint: Path) -> tuple[Any, dict]:
+def load_checkpoint(checkpoint: Path, verify: bool = True) -> tuple[Any, dict]:
     """The vitlab model of a checkpoint folder and the ``"run"`` section of its config.json ({} if none)."""
     from vitlab.checkpoint import load_model, read_config
     from vitlab.errors import CheckpointError, ConfigError
@@ -56,7 +58,7 @@ def load_checkpoint(checkpoint: Path) -> tuple[Any, dict]:
         raise CheckpointError(f"checkpoint {checkpoint} does not exist; pass --checkpoint the output folder of a "
                               "`vitlab train` run (model.safetensors + config.json)")
     run = read_config(checkpoint).get("run")
-    model = load_model(checkpoint)
+    model = load_model(checkpoint, verify=verify)
     if not isinstance(model, VitlabModel):
         raise ConfigError(f"checkpoint {checkpoint} holds a {type(model).__module__.split('.')[0]} "
                           f"{type(model).__name__}, which records no attention maps; analyse a vitlab model "
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     checkpoint = Path(args.checkpoint).expanduser()
-    model, run_cfg = load_checkpoint(checkpoint)
+    model, run_cfg = load_checkpoint(checkpoint, args.verify)
     dataset = args.dataset or run_cfg.get("dataset") or DEFAULT_DATASET
     data_dir = args.data_dir or (run_cfg.get("data_dir") if not args.dataset else None)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)

@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "another one is refused")
     p.add_argument("--amp", choices=("auto", "bf16", "off"), help="bf16 autocast (default: as in training)")
     p.add_argument("--no-download", dest="download", action="store_false")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="load a checkpoint file whose SHA-256 no longer matches its manifest.json (edited on purpose)")
     p.set_defaults(func=run)
 
 
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
     config = read_config(args.checkpoint)
     run_cfg = config.get("run") or {}
-    model = load_model(args.checkpoint, model=args.model)
+    model = load_model(args.checkpoint, model=args.model, verify=args.verify)
     img_size, in_chans = ModelSpec.from_dict(config["model"]).input_shape
     dataset = args.dataset or run_cfg.get("dataset")
     if dataset is None:

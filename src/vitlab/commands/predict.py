@@ -13,6 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--topk", type=int, default=5, metavar="K")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="load a checkpoint file whose SHA-256 no longer matches its manifest.json (edited on purpose)")
     p.set_defaults(func=run)
 
 
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if args.topk <= 0:
         raise ConfigError(f"--topk must be a positive integer, got {args.topk}")
     config = read_config(args.checkpoint)
-    model = load_model(args.checkpoint)
+    model = load_model(args.checkpoint, verify=args.verify)
     results = predict_files(model, config, args.images, k=args.topk, device=pick_device(args.device))
     for path, top in zip(args.images, results):
         print(f"{path}: " + ", ".join(f"{name} ({p:.4f})" for name, p in top))

@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--config", default=S, help="YAML file of run options; flags override it")
     g.add_argument("--output", default=S, help="output folder (default runs/MODEL_DATASET_TIME)")
     g.add_argument("--resume", default=S, metavar="DIR", help="continue the run saved in DIR exactly")
+    g.add_argument("--no-verify", dest="verify", action="store_false", default=S,
+                   help="--resume from a state.pt whose SHA-256 no longer matches its manifest.json (edited on "
+                        "purpose)")
     g.add_argument("--seed", type=int, default=S)
     g.add_argument("--device", default=S, help="auto (default) | cpu | cuda | cuda:N")
     g.add_argument("--amp", choices=("auto", "bf16", "off"), default=S, help="auto: bf16 autocast on CUDA")
@@ -111,7 +114,7 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
     from vitlab.train.config import NO_AUGMENT, load_yaml
 
     given = dict(vars(args))
-    for key in ("func", "command", "config", "resume"):
+    for key in ("func", "command", "config", "resume", "verify"):
         given.pop(key, None)
     options = load_yaml(args.config) if getattr(args, "config", None) else {}
     overrides = dict(options.get("model_overrides") or {})
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = resumed_run_config(resume, options)
     else:
         cfg = RunConfig.from_dict(options, "command line")
-    result = train(cfg, resume=resume)
+    result = train(cfg, resume=resume, verify=getattr(args, "verify", True))
     if result.exit_code or os.environ.get("RANK", "0") != "0":
         return result.exit_code
     s = result.summary

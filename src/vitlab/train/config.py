@@ -141,28 +141,21 @@ class RunConfig:
         return cfg
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the fix for an impossible value."""
-        positive = ("epochs", "batch_size", "eval_batch_size", "limit_train", "limit_test", "threads", "slices",
-                    "val_size")
-        for key in positive:
+        """Raise :class:`ConfigError` naming the allowed range for an impossible value (see :data:`LIMITS`)."""
+        for key in ("limit_train", "limit_test", "val_size"):
             v = getattr(self, key)
             if v is not None and v <= 0:
                 raise ConfigError(f"{key} must be a positive integer, got {v}; fix --{key.replace('_', '-')}")
-        for key in ("lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "clip_grad", "degrees",
-                    "shear", "translate", "mixup", "cutmix", "pad_crop", "checkpoint_every"):
-            v = getattr(self, key)
-            if v is not None and v < 0:
-                raise ConfigError(f"{key} must be >= 0, got {v}; fix --{key.replace('_', '-')}")
-        for key in ("label_smoothing", "erase_prob", "ema_decay", "drop_path"):
-            v = getattr(self, key)
-            if v is not None and not 0 <= v < 1:
-                raise ConfigError(f"{key} must be in [0, 1), got {v}; fix --{key.replace('_', '-')}")
+        for key, (low, high, interval, why) in LIMITS.items():
+            values = getattr(self, key)
+            for v in values if isinstance(values, tuple) else (values,):
+                if v is not None and not (low(v) and high(v)):
+                    flag = key.replace("_", "-")
+                    raise ConfigError(f"{key} must be in {interval}, got {_num(v)}; fix --{flag} ({why})")
         if self.val_split is not None and not 0 < self.val_split < 1:
             raise ConfigError(f"val_split must be a fraction in (0, 1), got {self.val_split}; e.g. --val-split 0.1")
         if self.val_split is not None and self.val_size is not None:
             raise ConfigError("give --val-split or --val-size, not both")
-        if self.lr is not None and self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}; e.g. --lr 1e-3")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             raise ConfigError(f"layer_decay must be in (0, 1], got {self.layer_decay}; e.g. --layer-decay 0.75 "
                               f"(1 or unset: off)")
@@ -171,8 +164,48 @@ class RunConfig:
         if self.drop_path_rule not in (None, "uniform", "linear"):
             raise ConfigError(f"unknown drop_path_rule {self.drop_path_rule!r}; choose uniform or linear")
         check_logger(self.logger)
-        if self.scale is not None and not 0 < self.scale[0] <= self.scale[1]:
+        if self.scale is not None and not self.scale[0] <= self.scale[1]:
             raise ConfigError(f"scale {self.scale} must be two numbers 0 < low <= high, e.g. 0.9 1.1")
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
+
+
+def _interval(low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> tuple:
+    """(test of the low bound, test of the high bound, the interval as text) of a :data:`LIMITS` row."""
+    text = f"{'(' if open_low else '['}{_num(low)}, {_num(high)}{')' if open_high else ']'}"
+    return ((lambda v: v > low) if open_low else (lambda v: v >= low),
+            (lambda v: v < high) if open_high else (lambda v: v <= high), text)
+
+
+# The values a run can work with; anything outside is refused before data is loaded, in one line naming the range.
+LIMITS: dict[str, tuple[Any, Any, str, str]] = {key: (*_interval(*bounds, **kw), why) for key, bounds, kw, why in [
+    ("epochs", (1, 100_000), {}, "100000 is far beyond any recipe"),
+    ("batch_size", (1, 1_000_000), {}, "images per step; a million do not fit in any memory"),
+    ("eval_batch_size", (1, 1_000_000), {}, "images per step; a million do not fit in any memory"),
+    ("threads", (1, 4096), {}, "threads per process"),
+    ("slices", (1, 4096), {}, "concurrent slices of a batch, one thread each"),
+    ("checkpoint_every", (0, 1e12), {}, "steps between checkpoints, 0 for epoch ends only"),
+    ("lr", (0, 10), dict(open_low=True), "AdamW moves each weight by about lr per step, so above 10 the first "
+                                          "step destroys the model; ViTs train at 1e-4 to 1e-2"),
+    ("min_lr", (0, 10), {}, "the end of the cosine schedule; ViTs use about 1e-5"),
+    ("weight_decay", (0, 10), dict(open_high=True), "AdamW multiplies the weights by 1 - lr x weight_decay each "
+                                                    "step; ViTs use 0.05 to 0.3"),
+    ("warmup_epochs", (0, 100_000), {}, "at most --epochs' own limit"),
+    ("label_smoothing", (0, 1), dict(open_high=True), "1 would make every target uniform"),
+    ("clip_grad", (0, 1e12), {}, "the largest gradient norm, 0 for no clipping"),
+    ("drop_path", (0, 1), dict(open_high=True), "a drop probability of 1 removes every block"),
+    ("ema_decay", (0, 1), dict(open_high=True), "1 would never update the average, 0 switches it off"),
+    ("degrees", (0, 180), {}, "rotations are drawn in [-degrees, degrees]; more than 180 repeats a smaller one"),
+    ("shear", (0, 90), dict(open_high=True), "a shear of 90 degrees flattens the image to a line"),
+    ("translate", (0, 1), {}, "a shift as a fraction of the image size"),
+    ("scale", (0, 10), dict(open_low=True), "a zoom factor; at 10x a 28-pixel image shows 3 of its pixels"),
+    ("erase_prob", (0, 1), {}, "a probability"),
+    ("mixup", (0, 100), {}, "the Beta(alpha, alpha) parameter; from about 10 on every mix is near 50:50"),
+    ("cutmix", (0, 100), {}, "the Beta(alpha, alpha) parameter; from about 10 on every cut is near half the image"),
+    ("pad_crop", (0, 1024), {}, "a shift in pixels; beyond the image size only padding is left"),
+]}
 
 
 def size_defaults(num_train: int) -> dict[str, Any]:

@@ -28,11 +28,12 @@ from vitlab.checkpoint import (
     weights_of,
 )
 from vitlab.data import DataSplit, load_dataset, normalization
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import CheckpointError, ConfigError, WriteError
 from vitlab.train.batches import BatchPipeline, epoch_order, holdout, subset
 from vitlab.train.config import RunConfig, canonical_dataset
 from vitlab.train.distributed import DistContext, check_batch, init_distributed, shard
 from vitlab.train.evaluate import autocast, evaluate
+from vitlab.train.lock import RunLock, check_free
 from vitlab.train.logging import METRICS, RunLogger
 from vitlab.train.optim import WarmupCosine, build_optimizer
 from vitlab.train.progress import Progress
@@ -59,11 +60,13 @@ class TrainResult:
 
 def train(cfg: RunConfig, *, resume: str | Path | None = None,
           on_step: Callable[[Trainer], None] | None = None,
-          on_epoch: Callable[[int, dict[str, Any]], bool] | None = None) -> TrainResult:
-    """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`."""
+          on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True) -> TrainResult:
+    """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`. ``verify=False``
+    resumes from a ``state.pt`` whose SHA-256 no longer matches its ``manifest.json``."""
+    cfg.validate()  # refuse out-of-range numbers before any data is loaded
     ctx = init_distributed(cfg.device)
     try:
-        return Trainer(cfg, ctx, resume=resume, on_step=on_step, on_epoch=on_epoch).fit()
+        return Trainer(cfg, ctx, resume=resume, on_step=on_step, on_epoch=on_epoch, verify=verify).fit()
     finally:
         ctx.close()
 
@@ -80,13 +83,13 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
                  on_step: Callable[[Trainer], None] | None = None,
-                 on_epoch: Callable[[int, dict[str, Any]], bool] | None = None) -> None:
+                 on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True) -> None:
         self.ctx, self.on_step, self.on_epoch, self.stop = ctx, on_step, on_epoch, StopRequest()
         self.stopped_early = False
         self.device = ctx.device
         cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
         check_logger(cfg.logger)  # a missing tracking backend is refused before any data loads
-        resumed = Resume.load(resume) if resume is not None else None
+        resumed = Resume.load(resume, verify) if resume is not None else None
         img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
         if resumed is not None:  # refuse another architecture before loading any data
             probe = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(resumed.classes),
@@ -147,8 +150,8 @@ class Trainer:
         self._clock = time.perf_counter()
         if resumed is not None:
             self._restore(resumed)
-        self._prepare_output(resume)
         self.train_model = self._wrap(self.model)
+        self._prepare_output(resume)
 
     # ------------------------------------------------------------------------------------------ setup
 
@@ -216,15 +219,20 @@ class Trainer:
         """The output folder (the same on every process); refuses to overwrite another run's checkpoint."""
         out = Path(cfg.output) if cfg.output else (Path(resume) if resume else default_output(cfg))
         out = Path(self.ctx.broadcast_object(str(out)))
+        if self.ctx.is_main:
+            check_free(out)  # a live run writes there: refuse before loading any data
         if resume is None and (out / CONFIG).exists():
             raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick "
                               "another --output (or delete the folder)")
         return out
 
     def _prepare_output(self, resume: str | Path | None) -> None:
+        """Create the output folder and take its lock (rank 0, the only writer; released when :meth:`fit` ends)."""
+        self.lock = RunLock(self.out_dir)
         if not self.ctx.is_main:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
         if resume is not None and Path(resume).resolve() != self.out_dir.resolve():
             src = Path(resume) / METRICS
             if src.is_file():
@@ -269,12 +277,13 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg, p = self.cfg, self.progress
-        logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch, tracker=cfg.logger,
-                           params=self.run_config()) if self.ctx.is_main else None
-        if self.ctx.is_main:
-            self._announce()
+        logger = None
         status = "failed"
         try:
+            logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch, tracker=cfg.logger,
+                               params=self.run_config()) if self.ctx.is_main else None
+            if self.ctx.is_main:
+                self._announce()
             with self.stop:
                 while p.epoch < cfg.epochs and not self.stopped_early:
                     if not self._run_epoch(logger) and p.epoch < cfg.epochs:
@@ -285,9 +294,14 @@ class Trainer:
                 logger.write_summary(summary)
             status = "finished"
             return TrainResult(self.out_dir, summary)
+        except WriteError as exc:  # a full disk: say how to go on once there is space
+            saved = (self.out_dir / CONFIG).is_file()
+            then = f"continue with --resume {self.out_dir}" if saved else "start the run again (no checkpoint yet)"
+            raise WriteError(f"{exc}; then {then}") from exc
         finally:
             if logger is not None:
                 logger.close(status)
+            self.lock.release()
 
     def _announce(self) -> None:
         c, d = self.cfg, self.data_info

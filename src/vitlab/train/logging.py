@@ -1,16 +1,20 @@
 """Run outputs besides checkpoints: the tqdm bar (on a terminal only), one printed line and one
 ``metrics.jsonl`` row per epoch, ``summary.json``, and the same to the ``--logger`` tracker
-(:mod:`vitlab.train.tracking`). Only rank 0 creates a
-logger."""
+(:mod:`vitlab.train.tracking`). Only rank 0 creates a logger.
+
+A write that fails (a full disk) raises a one-line :class:`~vitlab.errors.WriteError` and leaves the file as it
+was: ``metrics.jsonl`` without a torn row, ``summary.json`` the previous one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from vitlab.atomic import atomic_write_text
+from vitlab.atomic import atomic_write_text, write_error
 from vitlab.train.tracking import open_tracker
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
@@ -28,12 +32,21 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(out_dir) / METRICS
     rows = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for line in path.read_text(errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(row, dict):
+                rows.append(row)
     return rows
+
+
+def kept_rows(rows: list[dict[str, Any]], completed_epochs: int) -> list[dict[str, Any]]:
+    """The rows of the epochs ``1..completed_epochs``, one per epoch (the last written), in epoch order: a row
+    logged after the last checkpoint (the run was killed before saving it) is dropped, to be logged again."""
+    by_epoch = {r["epoch"]: r for r in rows if isinstance(r.get("epoch"), int) and 1 <= r["epoch"] <= completed_epochs}
+    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 class RunLogger:
@@ -45,8 +58,11 @@ class RunLogger:
         self.out_dir = out_dir
         self.progress = progress
         self.metrics_path = out_dir / METRICS
-        rows = [r for r in read_metrics(out_dir) if r.get("epoch", 0) <= completed_epochs]
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        text = "".join(json.dumps(r) + "\n" for r in kept_rows(read_metrics(out_dir), completed_epochs))
+        try:
+            atomic_write_text(self.metrics_path, text)
+        except OSError as exc:
+            raise write_error(METRICS, out_dir, exc, len(text), "free some space there") from exc
         self.tracker = open_tracker(tracker, out_dir, start_step=completed_epochs)
         if self.tracker is not None and params is not None:
             self.tracker.log_params(params)
@@ -61,17 +77,30 @@ class RunLogger:
                     dynamic_ncols=True, file=sys.stderr)
 
     def log_epoch(self, row: dict[str, Any]) -> None:
-        """Append, print and plot one epoch's row (``val_*`` keys with a validation split, else ``test_*``)."""
+        """Append, print and track one epoch's row (``val_*`` keys with a validation split, else ``test_*``)."""
         name = "val" if "val_acc" in row else "test"
-        with open(self.metrics_path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        size = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
+        try:
+            with open(self.metrics_path, "a") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.truncate(self.metrics_path, size)  # no torn row
+            raise write_error(METRICS, self.out_dir, exc, len(line), "free some space there") from exc
         if self.tracker is not None:
             self.tracker.log_metrics({k: v for k, v in row.items() if k not in ("epoch", "step")}, row["epoch"])
         print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  {name}_loss {row[f'{name}_loss']:.4f}  "
               f"{name}_acc {100 * row[f'{name}_acc']:.2f}%  lr {row['lr']:.2e}  {row['seconds']:.1f} s", flush=True)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        text = json.dumps(summary, indent=2) + "\n"
+        try:
+            atomic_write_text(self.out_dir / SUMMARY, text)
+        except OSError as exc:
+            raise write_error(SUMMARY, self.out_dir, exc, len(text), "free some space there") from exc
         if self.tracker is not None:
             self.tracker.log_summary(summary)
 

@@ -59,8 +59,8 @@ class Resume:
     state: dict[str, Any]
 
     @classmethod
-    def load(cls, path: str | Path) -> Resume:
-        state = load_train_state(path)
+    def load(cls, path: str | Path, verify: bool = True) -> Resume:
+        state = load_train_state(path, verify=verify)
         return cls(Path(path), read_config(path), state)
 
     @property
