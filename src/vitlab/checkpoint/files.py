@@ -29,8 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from vitlab import atomic
-from vitlab.checkpoint.data_config import apply_checkpoint_config
 from vitlab.checkpoint import manifest
+from vitlab.checkpoint.data_config import apply_checkpoint_config
 from vitlab.checkpoint.manifest import MANIFEST
 from vitlab.checkpoint.spec import ModelSpec, build_vitlab, create_timm, is_timm, spec_of, unwrap
 from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, safetensors_bytes
