@@ -589,7 +589,7 @@ def test_load_init_adapts_timm_weights_to_the_run(tmp_path: Path):
     import timm
 
     from vitlab.checkpoint import create_timm
-    from vitlab.experiments.common import load_init
+    from vitlab.train.run_model import load_init
 
     source = timm.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32,
                                patch_size=8, in_chans=3, num_classes=5)

@@ -29,59 +29,20 @@ def train_run(cfg: Any, init: str | None = None) -> dict:
     """Train ``cfg`` in-process with :func:`vitlab.train.engine.train` and return its summary dict.
 
     A folder that already holds a checkpoint (an interrupted run) is resumed exactly. ``init`` starts the
-    model from pretrained weights (see :func:`load_init`). A run stopped by Ctrl-C or SIGTERM raises
+    model from pretrained weights (``train(init_weights=...)``). A run stopped by Ctrl-C or SIGTERM raises
     :class:`KeyboardInterrupt`, so the study stops too; its checkpoint lets the next invocation resume.
     """
     from vitlab.checkpoint import CONFIG
-    from vitlab.train.distributed import init_distributed
-    from vitlab.train.engine import Trainer, train
+    from vitlab.train.engine import train
 
     run_dir = Path(cfg.output)
     if (run_dir / CONFIG).is_file():
         result = train(cfg, resume=run_dir)
-    elif init is None:
-        result = train(cfg)
-    else:  # the engine has no pretrained-init option: build its Trainer, load the weights, then fit
-        ctx = init_distributed(cfg.device)
-        try:
-            trainer = Trainer(cfg, ctx)
-            load_init(trainer.model, init)
-            if trainer.ema is not None:
-                trainer.ema.module.load_state_dict(trainer.model.state_dict())
-            result = trainer.fit()
-        finally:
-            ctx.close()
+    else:
+        result = train(cfg, init_weights=init)
     if result.exit_code:
         raise KeyboardInterrupt
     return result.summary
-
-
-def load_init(model: Any, init: str) -> None:
-    """Load pretrained weights into ``model`` in place, adapted to its image size, patch size, channels and head
-    by :func:`vitlab.interop.load_pretrained`.
-
-    ``init``: a ``.safetensors`` / ``.pth`` file or vitlab checkpoint folder (timm or vitlab weights), or
-    ``hub`` for timm's own pretrained weights of a ``timm:NAME`` model (needs the network). A timm model is
-    converted to vitlab's equivalent for the adaptation and back to timm's keys.
-    """
-    from vitlab.interop import adapt_state_dict, load_pretrained, to_timm
-    from vitlab.interop.timm_convert import config_from_timm
-    from vitlab.models import VitlabModel, build_model
-
-    if isinstance(model, VitlabModel):
-        if init == "hub":
-            raise ConfigError(f"--pretrained hub downloads timm weights, but {model.cfg.name or 'this'} is a vitlab "
-                              "model; pass a weight file")
-        load_pretrained(model, init)
-        return
-    cfg = config_from_timm(model)
-    if init == "hub":
-        source = load_pretrained(f"timm:{model.vitlab_spec.timm}")
-        with_weights = build_model(cfg)
-        with_weights.load_state_dict(adapt_state_dict(source.state_dict(), with_weights))
-    else:
-        with_weights = load_pretrained(cfg, init)
-    model.load_state_dict(to_timm(with_weights).state_dict())
 
 
 @dataclass
@@ -91,7 +52,7 @@ class RunSpec:
     name: str
     config: Any  # RunConfig; its ``output`` is set to the run's folder when it runs
     info: dict[str, Any] = field(default_factory=dict)
-    init: str | None = None  # pretrained weights to start from (see load_init)
+    init: str | None = None  # pretrained weights to start from (train's init_weights)
 
 
 def read_summary(run_dir: Path) -> dict | None:
