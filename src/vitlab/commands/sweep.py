@@ -7,7 +7,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.experiments.common import add_run_options
+    from vitlab.commands.options import add_run_options
 
     p = subparsers.add_parser(
         "sweep", help="hyper-parameter sweep: accuracy and training time against option values",
@@ -31,39 +31,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.errors import ConfigError
-    from vitlab.experiments.common import (
-        base_run_config,
-        check_output,
-        command_line,
-        model_overrides,
-        parse_set,
-        run_all,
-        track_study,
-        yaml_value,
-    )
-    from vitlab.experiments.sweep import parse_params, sweep_specs, write_sweep
+    from vitlab.commands.options import base_run_config, command_line
+    from vitlab.experiments.sweep import SweepConfig, parse_params, run_sweep
+    from vitlab.train.options import parse_set
 
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     params = parse_params(args.model, args.param or [], args.values or [])
-    if args.model.startswith("timm:"):
-        fixed = {k: yaml_value(v) for k, v in parse_set(args.set).items()}
-    else:
-        fixed = model_overrides(args.set)
-    clash = [p.name for p in params if p.name in fixed]
-    if clash:
-        raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
-    base = base_run_config(args, dataset=args.dataset)
-    specs = sweep_specs(args.model, params, list(range(args.seeds)), base, fixed)
-    out = check_output(args.output)
-    pairs = run_all(specs, out, title="sweep")
-    title = f"Sweep of {args.model} on {args.dataset}"
-    meta = {"model": args.model, "dataset": args.dataset, "seeds": args.seeds, "fixed_overrides": fixed,
-            "run_config": base.to_dict()}
-    command = command_line(args, paired=("param", "values"))
-    result = write_sweep(out, pairs, params, title=title, command=command, meta=meta)
-    track_study(out, args.logger, pairs, meta)
+    config = SweepConfig(args.model, params, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
+                         parse_set(args.set), command_line(args, paired=("param", "values")), args.logger)
+    result = run_sweep(config)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
         print(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "
@@ -71,5 +46,6 @@ def run(args: argparse.Namespace) -> int:
               f"{a['macs'] / 1e6:.1f} MMACs" + ("  [under-trained]" if a["undertrained"] else ""))
     if result["warning"]:
         print(result["warning"])
-    print(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to {out}")
+    print(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to "
+          f"{result['out']}")
     return 0

@@ -235,10 +235,10 @@ def _capture(into: dict[int, Tensor], index: int) -> Callable:
 
 def _recomputable(blk: nn.Module) -> Callable:
     """``blk`` for checkpointing, its recomputation in the backward pass made a true replay of the first pass:
-    inside a sliced step (:func:`vitlab.perf.slice_generator`) it redraws the slice generator's numbers
+    inside a sliced step (:func:`vitlab.slice_rng.slice_generator`) it redraws the slice generator's numbers
     (checkpoint restores only torch's global RNG), so drop-path masks match, and batch norms in training
     (DeepViT's re-attention) keep the running statistics of the first pass instead of updating them twice."""
-    from vitlab.perf import slice_generator
+    from vitlab.slice_rng import slice_generator
 
     gen = slice_generator()
     norms = [m for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
