@@ -1,5 +1,7 @@
 """What every study shares: run one training in-process (or read it back when it already finished), parse
-lists of values, aggregate over seeds, fit power laws, cost a model, print progress and spell the command.
+lists of values, aggregate over seeds, fit power laws, cost a model, print progress, the training budget and the
+under-trained check. The command-line side (argparse options, the run config they make, the command a report
+shows) is :mod:`vitlab.commands.options`; values given as text are read by :mod:`vitlab.train.options`.
 
 Each training run of a study writes into its own sub-folder; a folder whose ``summary.json`` exists is read,
 not re-run, so a study interrupted half-way resumes where it stopped when invoked again.
