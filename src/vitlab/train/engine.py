@@ -78,7 +78,8 @@ def default_output(cfg: RunConfig) -> Path:
 
 
 class Trainer:
-    """One training run. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks)."""
+    """One training run: a new one, one continued from the checkpoint in ``resume``, or one whose model starts
+    from ``init_weights``. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks)."""
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
                  init_weights: str | Path | None = None, on_step: Callable[[Trainer], None] | None = None) -> None:

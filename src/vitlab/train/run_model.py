@@ -1,5 +1,6 @@
-"""The model of a training run: ``--model`` (a vitlab preset with overrides, or ``timm:NAME``) resolved for the
-data, the input size it needs, and its cost per image.
+"""The model of a training run: ``--model`` (a vitlab preset with overrides, or ``timm:NAME``) resolved once for the
+data (:func:`resolve_run_model`), the input size it needs, its initial weights (:func:`load_init`) and its cost
+per image.
 
 Every model built here carries its :class:`vitlab.checkpoint.ModelSpec` (``model.vitlab_spec``), which the
 checkpoint stores.
