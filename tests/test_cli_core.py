@@ -96,3 +96,26 @@ def test_python_m_vitlab_bad_preset_exits_2_without_traceback() -> None:
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "unknown model 'cait_s42'" in lines[0] and "cait_s24" in lines[0]
+
+
+HELP_WITHOUT_TORCH = """
+import contextlib, io, sys
+from vitlab.cli import build_parser, main
+
+commands = sorted(build_parser()._subparsers._group_actions[0].choices)
+for argv in [["--help"]] + [[c, "--help"] for c in commands]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(argv)
+    assert "usage: vitlab" in out.getvalue(), argv
+    heavy = sorted(m for m in ("torch", "numpy", "timm", "yaml") if m in sys.modules)
+    assert not heavy, f"vitlab {' '.join(argv)} imported {heavy}"
+print(" ".join(commands))
+"""
+
+
+def test_help_answers_without_importing_torch() -> None:
+    """`vitlab --help` and every `vitlab COMMAND --help` build their parsers without torch (a fresh process)."""
+    proc = subprocess.run([sys.executable, "-c", HELP_WITHOUT_TORCH], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert {"train", "sweep", "compare", "analyze", "flops"} <= set(proc.stdout.split())

@@ -22,7 +22,6 @@ from vitlab.experiments.common import (
     fit_power_law,
     mean_std,
     parse_ints,
-    parse_typed,
     run_all,
 )
 from vitlab.experiments.complexity import fit_rows, measure_size, saved_activation_bytes, split_macs
@@ -64,18 +63,34 @@ class FakeTrainer:
 # ---------------------------------------------------------------- values
 
 
-def test_parse_typed_follows_the_field_type():
-    assert parse_typed("64", int, "x") == 64
-    assert parse_typed("0.5", float, "x") == 0.5
-    assert parse_typed("true", bool, "x") is True and parse_typed("0", bool, "x") is False
-    assert parse_typed("none", float | None, "x") is None
-    assert parse_typed("1e-5", float | None, "x") == 1e-5
-    with pytest.raises(ConfigError, match="not an integer"):
-        parse_typed("3.5", int, "x")
-    with pytest.raises(ConfigError, match="not a boolean"):
-        parse_typed("maybe", bool, "x")
-    with pytest.raises(ConfigError, match="not a number"):
-        parse_typed("abc", float, "x")
+def test_one_value_parser_and_one_set_of_coercion_rules():
+    from vitlab.train.options import coerce_to, parse_set, parse_value
+
+    assert parse_value("64") == 64 and parse_value("0.5") == 0.5 and parse_value("true") is True
+    assert parse_value("1e-5") == 1e-5 and parse_value("5E3") == 5000.0  # YAML 1.1 leaves these strings
+    assert parse_value("'8'") == "8" and parse_value("null") is None and parse_value("") is None
+    assert parse_value("[1, 2") == "[1, 2"  # not YAML: the text itself
+    assert parse_set(["drop-path-rate=1e-2", "gate=layerscale", "depth='4'"]) == {
+        "drop_path_rate": 0.01, "gate": "layerscale", "depth": "4"}
+    with pytest.raises(ConfigError, match="is not KEY=VALUE"):
+        parse_set(["depth"], "--run-set")
+    assert coerce_to("x", 64, int, "x") == 64 and coerce_to("x", 2, float, "x") == 2.0
+    assert coerce_to("x", "none", float | None, "x") is None and coerce_to("x", 1e-5, float | None, "x") == 1e-5
+    with pytest.raises(ConfigError, match="x must be int, got 3.5"):
+        coerce_to("x", 3.5, int, "x")
+    with pytest.raises(ConfigError, match="x must be bool"):
+        coerce_to("x", "maybe", bool, "x")
+    with pytest.raises(ConfigError, match="finite number"):
+        coerce_to("x", "abc", float, "x")
+
+
+def test_result_neutral_options_are_one_list():
+    from vitlab.train.options import RESULT_NEUTRAL
+    from vitlab.train.resume import RESUMABLE
+
+    assert RESULT_NEUTRAL <= set(RunConfig.field_names()) and RESULT_NEUTRAL < RESUMABLE
+    assert RESUMABLE - RESULT_NEUTRAL == {"epochs", "model", "model_overrides"}
+    assert {"logger", "device", "output", "threads"} <= RESULT_NEUTRAL and "amp" not in RESULT_NEUTRAL
 
 
 def test_parse_param_types_and_kinds():
@@ -214,7 +229,7 @@ def test_run_all_skips_finished_runs(tmp_path: Path, capsys):
 def test_base_run_config_from_the_shared_options():
     import argparse
 
-    from vitlab.experiments.common import add_run_options, base_run_config
+    from vitlab.commands.options import add_run_options, base_run_config
 
     parser = argparse.ArgumentParser()
     add_run_options(parser)
@@ -232,7 +247,8 @@ def test_base_run_config_from_the_shared_options():
 def test_budget_comes_from_the_data_sets_recipe():
     import argparse
 
-    from vitlab.experiments.common import add_run_options, base_run_config, budget_epochs
+    from vitlab.commands.options import add_run_options, base_run_config
+    from vitlab.experiments.common import budget_epochs
     from vitlab.train.config import size_defaults
 
     recipe = size_defaults(4000)["epochs"]  # mnist-5k trains on 4,000 digits
@@ -348,7 +364,7 @@ def test_sweep_command_end_to_end_and_resume(tmp_path: Path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert "finished with other settings (lr 0.002 there, 0.01 now)" in err and calls == []
     assert main([*argv[:-2], "--set", "mlp_ratio=2", "--output", str(out)]) == 2
-    assert "(mlp_ratio 4.0 there, 2.0 now)" in capsys.readouterr().err and calls == []
+    assert "(mlp_ratio 4.0 there, 2 now)" in capsys.readouterr().err and calls == []
 
 
 def test_sweep_command_errors(tmp_path: Path, capsys):
@@ -589,7 +605,7 @@ def test_load_init_adapts_timm_weights_to_the_run(tmp_path: Path):
     import timm
 
     from vitlab.checkpoint import create_timm
-    from vitlab.experiments.common import load_init
+    from vitlab.train.run_model import load_init
 
     source = timm.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32,
                                patch_size=8, in_chans=3, num_classes=5)

@@ -183,6 +183,25 @@ def test_sigterm_to_a_real_process(tmp_path):
     assert main(["train", "--resume", str(out), "--epochs", str(load_train_state(out)["progress"]["epoch"] + 1)]) == 0
 
 
+def test_init_weights_start_the_model_and_its_ema(short_run, tmp_path):
+    from vitlab.train.distributed import init_distributed
+    from vitlab.train.engine import Trainer
+
+    cfg = RunConfig(epochs=1, **TINY_CFG, ema_decay=0.9, output=str(tmp_path / "ft"))
+    ctx = init_distributed("cpu")
+    try:
+        trainer = Trainer(cfg, ctx, init_weights=short_run)
+        assert_same_weights(trainer.model.state_dict(), weights(short_run))
+        assert_same_weights(trainer.ema.module.state_dict(), weights(short_run))
+        with pytest.raises(ConfigError, match="drop the initial weights"):
+            Trainer(cfg, ctx, resume=short_run, init_weights=short_run)
+    finally:
+        ctx.close()
+    tuned = train(cfg.replace(ema_decay=0.0, lr=1e-12, min_lr=0.0), init_weights=short_run)  # steps too small to move
+    for key, value in weights(short_run).items():
+        assert torch.allclose(weights(tuned.out_dir)[key], value, atol=1e-6), key
+
+
 def test_resume_a_moved_folder_writes_there(tmp_path):
     first = tmp_path / "first"
     assert train(RunConfig(epochs=2, **TINY_CFG, output=str(first)), on_step=stop_at(2)).exit_code == 143

@@ -1,5 +1,6 @@
 """vitlab: build, train, measure and analyse vision transformers that go deeper."""
 
+import importlib
 import importlib.abc
 import importlib.util
 import sys
@@ -7,7 +8,6 @@ import warnings
 from typing import Any
 
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
-from vitlab.models import ModelConfig, build_model, create_model, get_config, list_models
 from vitlab.version import __version__
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "ModelConfig", "VitlabError", "__version__",
@@ -15,10 +15,18 @@ __all__ = ["CheckpointError", "ConfigError", "DataError", "ModelConfig", "Vitlab
            "register_timm", "to_timm"]
 
 _LAZY = {"from_timm", "to_timm", "load_pretrained"}
+_MODELS = {"ModelConfig", "build_model", "create_model", "get_config", "list_models"}
+_SUBPACKAGES = {"analysis", "checkpoint", "data", "experiments", "flops", "interop", "layers", "models", "perf",
+                "train"}
 
 
 def __getattr__(name: str) -> Any:
-    # timm (and torchvision) load only when interop is used, which keeps `import vitlab` and the CLI quick
+    # torch loads with the first model, timm (and torchvision) only when interop is used: `import vitlab` and the
+    # CLI's parser (`vitlab --help`) stay torch-free and answer at once
+    if name in _MODELS:
+        from vitlab import models
+
+        return getattr(models, name)
     if name in _LAZY:
         from vitlab import interop
 
@@ -27,6 +35,8 @@ def __getattr__(name: str) -> Any:
         from vitlab.interop.timm_registry import register_timm
 
         return register_timm
+    if name in _SUBPACKAGES:  # `import vitlab; vitlab.models.X` as before the lazy facade
+        return importlib.import_module(f"vitlab.{name}")
     raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
 
 

@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"vitlab.commands.{info.name}")
-        module.register(sub)
+        if hasattr(module, "register"):  # a helper module (options.py) registers no command
+            module.register(sub)
     return parser
 
 

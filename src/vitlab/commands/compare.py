@@ -7,7 +7,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.experiments.common import add_run_options
+    from vitlab.commands.options import add_run_options
 
     p = subparsers.add_parser(
         "compare", help="compare models (vitlab presets, timm:NAME, fine-tuned checkpoints) on one recipe",
@@ -32,15 +32,15 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitlab.commands.options import base_run_config, command_line
     from vitlab.errors import ConfigError
-    from vitlab.experiments.common import base_run_config, check_output, command_line, run_all, track_study
     from vitlab.experiments.compare import (
-        compare_specs,
+        CompareConfig,
         entries,
         parse_model_sets,
         parse_models,
         parse_pretrained,
-        write_compare,
+        run_compare,
     )
     from vitlab.models import get_config
 
@@ -52,15 +52,8 @@ def run(args: argparse.Namespace) -> int:
         if not m.startswith("timm:"):
             get_config(m, **sets[m])
     items = entries(models, sets, parse_pretrained(args.pretrained, models))
-    cfg = base_run_config(args, dataset=args.dataset)
-    specs = compare_specs(items, cfg, list(range(args.seeds)))
-    out = check_output(args.output)
-    pairs = run_all(specs, out, title="compare")
-    meta = {"dataset": args.dataset, "models": models, "overrides": sets,
-            "pretrained": {e.label: e.init for e in items if e.init}, "seeds": args.seeds,
-            "run_config": cfg.to_dict()}
-    result = write_compare(out, pairs, title=f"Comparison on {args.dataset}", command=command_line(args), meta=meta)
-    track_study(out, args.logger, pairs, meta)
+    result = run_compare(CompareConfig(items, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
+                                       command_line(args), args.logger, models))
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
         print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "
@@ -68,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
               + ("  [under-trained]" if t["undertrained"] else ""))
     if result["warning"]:
         print(result["warning"])
-    print(f"wrote results.csv, summary.csv, compare.png, index.html to {out}")
+    print(f"wrote results.csv, summary.csv, compare.png, index.html to {result['out']}")
     return 0

@@ -10,7 +10,7 @@ ALL_VARIANTS = "vit,layerscale,rezero,skipinit,fixup,tfixup,cait,deepvit"
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.experiments.common import add_run_options
+    from vitlab.commands.options import add_run_options
 
     p = subparsers.add_parser(
         "depth-study", help="accuracy, attention collapse and residual ratios against depth per variant",
@@ -48,69 +48,24 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from vitlab.data import load_dataset, normalization
-    from vitlab.errors import ConfigError
-    from vitlab.experiments.common import (
-        base_run_config,
-        check_output,
-        command_line,
-        model_overrides,
-        parse_ints,
-        run_all,
-        track_study,
-    )
+    from vitlab.commands.options import base_run_config, command_line
+    from vitlab.experiments.common import parse_ints
     from vitlab.experiments.depth_study import (
-        VARIANT_RUN,
-        depth_specs,
-        diagnose,
+        DepthStudyConfig,
+        check_depth_study,
         parse_variants,
-        per_layer_rows,
-        result_row,
-        write_study,
+        run_depth_study,
+        variant_notes,
     )
-    from vitlab.models import get_config
+    from vitlab.train.options import parse_set
 
-    depths = sorted(parse_ints(args.depths, "--depths"))
-    variants = parse_variants(args.variants)
-    if args.seeds < 1 or args.num_images < 1:
-        raise ConfigError(f"--seeds and --num-images must be >= 1, got {args.seeds} and {args.num_images}")
-    if not -1.0 <= args.threshold <= 1.0:
-        raise ConfigError(f"--threshold {args.threshold} is not a cosine similarity; pass a value in [-1, 1]")
-    base_model = get_config(args.base)
-    if base_model.arch != "vit":
-        raise ConfigError(f"--base {args.base} is a {base_model.arch} preset; pass a ViT preset (e.g. vit_mnist) "
-                          "whose width the variants share")
-    cfg = base_run_config(args, dataset=args.dataset)
-    specs = depth_specs(args.base, depths, variants, list(range(args.seeds)), cfg, model_overrides(args.set))
-    for v in variants:
-        if VARIANT_RUN.get(v):
-            sets = ", ".join(f"{k}={val:g}" for k, val in VARIANT_RUN[v].items())
-            print(f"note: the {v} variant trains with {sets} whatever the recipe says (its paper's setting)",
-                  file=sys.stderr)
-    out = check_output(args.output)
-    pairs = run_all(specs, out, title="depth study")
-
-    _, test = load_dataset(args.dataset, data_dir=args.data_dir, img_size=base_model.img_size,
-                           in_chans=base_model.in_chans)
-    n = min(args.num_images, len(test))
-    mean, std = normalization(args.dataset, base_model.in_chans)
-    rows, ratio_rows, layer_rows, deepest = [], [], [], {}
-    for i, (spec, summary) in enumerate(pairs):
-        print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
-        diag = diagnose(out / spec.name, test.images[:n], test.labels[:n], test.classes, mean, std,
-                        threshold=args.threshold, full_report=args.analyze_runs)
-        rows.append(result_row(spec, summary, diag))
-        ratios, layers = per_layer_rows(spec, diag)
-        ratio_rows += ratios
-        layer_rows += layers
-        if spec.info["depth"] == depths[-1] and spec.info["seed"] == 0:
-            deepest[spec.info["variant"]] = diag
-    meta = {"base": args.base, "dataset": args.dataset, "depths": depths, "variants": variants,
-            "seeds": args.seeds, "num_images": n, "threshold": args.threshold, "run_config": cfg.to_dict()}
-    title = f"Depth study on {args.dataset} (width of {args.base})"
-    result = write_study(out, rows, ratio_rows, layer_rows, deepest, variants=variants, depths=depths,
-                         threshold=args.threshold, title=title, command=command_line(args), meta=meta)
-    track_study(out, args.logger, pairs, meta)
+    config = DepthStudyConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants),
+                              base_run_config(args, dataset=args.dataset), args.output, args.seeds, args.num_images,
+                              args.threshold, parse_set(args.set), args.analyze_runs, command_line(args), args.logger)
+    check_depth_study(config)
+    for note in variant_notes(config.variants):
+        print(note, file=sys.stderr)
+    result = run_depth_study(config)
     for a in result["summary"]:
         print(f"{a['variant']:<10} depth {a['depth']:>3}: test accuracy {100 * a['test_acc_mean']:.2f}% "
               f"+- {100 * a['test_acc_std']:.2f}, mean similarity {a['mean_similarity_mean']:.3f}, "
@@ -123,5 +78,5 @@ def run(args: argparse.Namespace) -> int:
     if result["warning"]:
         print(result["warning"])
     print(f"wrote results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, {', '.join(result['figures'])}"
-          f", index.html to {out}")
+          f", index.html to {result['out']}")
     return 0

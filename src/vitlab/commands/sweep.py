@@ -17,7 +17,7 @@ class _AfterParam(argparse.Action):
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.experiments.common import add_run_options
+    from vitlab.commands.options import add_run_options
 
     p = subparsers.add_parser(
         "sweep", help="hyper-parameter sweep: accuracy and training time against option values",
@@ -68,44 +68,18 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.errors import ConfigError
 
     if args.search == "optuna":
-        from vitlab.experiments.search import run_command
-
-        return run_command(args)
+        return run_search_command(args)
     given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) is not None]
     if given:
         raise ConfigError(f"{', '.join(given)} belong(s) to --search optuna; a grid takes --values only")
-    from vitlab.experiments.common import (
-        base_run_config,
-        check_output,
-        command_line,
-        model_overrides,
-        parse_set,
-        run_all,
-        track_study,
-        yaml_value,
-    )
-    from vitlab.experiments.sweep import parse_params, sweep_specs, write_sweep
+    from vitlab.commands.options import base_run_config, command_line
+    from vitlab.experiments.sweep import SweepConfig, parse_params, run_sweep
+    from vitlab.train.options import parse_set
 
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     params = parse_params(args.model, args.param or [], args.values or [])
-    if args.model.startswith("timm:"):
-        fixed = {k: yaml_value(v) for k, v in parse_set(args.set).items()}
-    else:
-        fixed = model_overrides(args.set)
-    clash = [p.name for p in params if p.name in fixed]
-    if clash:
-        raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
-    base = base_run_config(args, dataset=args.dataset)
-    specs = sweep_specs(args.model, params, list(range(args.seeds)), base, fixed)
-    out = check_output(args.output)
-    pairs = run_all(specs, out, title="sweep")
-    title = f"Sweep of {args.model} on {args.dataset}"
-    meta = {"model": args.model, "dataset": args.dataset, "seeds": args.seeds, "fixed_overrides": fixed,
-            "run_config": base.to_dict()}
-    command = command_line(args, paired=("param", "values"))
-    result = write_sweep(out, pairs, params, title=title, command=command, meta=meta)
-    track_study(out, args.logger, pairs, meta)
+    config = SweepConfig(args.model, params, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
+                         parse_set(args.set), command_line(args, paired=("param", "values")), args.logger)
+    result = run_sweep(config)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
         print(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "
@@ -113,5 +87,44 @@ def run(args: argparse.Namespace) -> int:
               f"{a['macs'] / 1e6:.1f} MMACs" + ("  [under-trained]" if a["undertrained"] else ""))
     if result["warning"]:
         print(result["warning"])
-    print(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to {out}")
+    print(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to "
+          f"{result['out']}")
+    return 0
+
+
+def run_search_command(args: argparse.Namespace) -> int:
+    """``vitlab sweep --search optuna``: the search from the command's options, then one line of results."""
+    import shlex
+    from pathlib import Path
+
+    from vitlab.commands.options import base_run_config, command_line
+    from vitlab.errors import ConfigError
+    from vitlab.experiments.common import check_output
+    from vitlab.experiments.search import SearchConfig, import_optuna, parse_search_params, run_search
+    from vitlab.train.options import parse_set
+
+    import_optuna()
+    if args.seeds != 1:
+        raise ConfigError("--seeds is for the grid; --search optuna trains one run per trial with --seed")
+    names = args.param or []
+    pairs = [(names[i] if 0 <= i < len(names) else None, how, text) for i, how, text in (args.pairs or [])]
+    if any(n is None for n, _, _ in pairs) or len(pairs) != len(names):
+        raise ConfigError(f"{len(names)} --param but {len(pairs)} --values/--range; give one after each --param")
+    params = parse_search_params(args.model, [(n, how, t) for n, how, t in pairs])
+    fixed = parse_set(args.set)
+    extra = {"trials": 20 if args.trials is None else args.trials, "pruner": args.pruner or "median",
+             "objective": args.objective or "test_acc", "seed": 0 if args.seed is None else args.seed,
+             "prune_startup": 5 if args.prune_startup is None else args.prune_startup,
+             "prune_warmup": args.prune_warmup or 0}
+    shown = argparse.Namespace(**{**vars(args), "param": None, "values": None, "range": None})
+    words = " ".join(f"--param {shlex.quote(n)} --{how} {shlex.quote(t)}" for n, how, t in pairs)
+    command = command_line(shown).replace("vitlab sweep", f"vitlab sweep {words}", 1)
+    config = SearchConfig(model=args.model, dataset=args.dataset, params=params,
+                          base=base_run_config(args, dataset=args.dataset), output=Path(args.output), fixed=fixed,
+                          command=command, **extra)
+    config.validate()
+    config.output = check_output(args.output)
+    result = run_search(config)
+    print(f"{result['text']} Wrote trials.csv, {', '.join(result['figures'])}, summary.json, index.html to "
+          f"{config.output} (study in optuna.db)")
     return 0

@@ -90,28 +90,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def parse_set(items: list[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` -> dict, values parsed as YAML scalars (numbers, true/false, null, strings)."""
-    import yaml
-
-    from vitlab.errors import ConfigError
-    from vitlab.train.config import numeric
-
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set global_pool=avg")
-        try:
-            out[key.strip().replace("-", "_")] = numeric(yaml.safe_load(value)) if value.strip() else None
-        except yaml.YAMLError:
-            out[key.strip().replace("-", "_")] = value
-    return out
-
-
 def cli_options(args: argparse.Namespace) -> dict[str, Any]:
     """The run options given on the command line (and in --config), CLI winning, as RunConfig fields."""
     from vitlab.train.config import NO_AUGMENT, load_yaml
+    from vitlab.train.options import parse_set
 
     given = dict(vars(args))
     for key in ("func", "command", "config", "resume", "verify"):

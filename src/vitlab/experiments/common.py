@@ -1,5 +1,7 @@
 """What every study shares: run one training in-process (or read it back when it already finished), parse
-lists of values, aggregate over seeds, fit power laws, cost a model, print progress and spell the command.
+lists of values, aggregate over seeds, fit power laws, cost a model, print progress, the training budget and the
+under-trained check. The command-line side (argparse options, the run config they make, the command a report
+shows) is :mod:`vitlab.commands.options`; values given as text are read by :mod:`vitlab.train.options`.
 
 Each training run of a study writes into its own sub-folder; a folder whose ``summary.json`` exists is read,
 not re-run, so a study interrupted half-way resumes where it stopped when invoked again.
@@ -7,14 +9,12 @@ not re-run, so a study interrupted half-way resumes where it stopped when invoke
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,59 +29,20 @@ def train_run(cfg: Any, init: str | None = None) -> dict:
     """Train ``cfg`` in-process with :func:`vitlab.train.engine.train` and return its summary dict.
 
     A folder that already holds a checkpoint (an interrupted run) is resumed exactly. ``init`` starts the
-    model from pretrained weights (see :func:`load_init`). A run stopped by Ctrl-C or SIGTERM raises
+    model from pretrained weights (``train(init_weights=...)``). A run stopped by Ctrl-C or SIGTERM raises
     :class:`KeyboardInterrupt`, so the study stops too; its checkpoint lets the next invocation resume.
     """
     from vitlab.checkpoint import CONFIG
-    from vitlab.train.distributed import init_distributed
-    from vitlab.train.engine import Trainer, train
+    from vitlab.train.engine import train
 
     run_dir = Path(cfg.output)
     if (run_dir / CONFIG).is_file():
         result = train(cfg, resume=run_dir)
-    elif init is None:
-        result = train(cfg)
-    else:  # the engine has no pretrained-init option: build its Trainer, load the weights, then fit
-        ctx = init_distributed(cfg.device)
-        try:
-            trainer = Trainer(cfg, ctx)
-            load_init(trainer.model, init)
-            if trainer.ema is not None:
-                trainer.ema.module.load_state_dict(trainer.model.state_dict())
-            result = trainer.fit()
-        finally:
-            ctx.close()
+    else:
+        result = train(cfg, init_weights=init)
     if result.exit_code:
         raise KeyboardInterrupt
     return result.summary
-
-
-def load_init(model: Any, init: str) -> None:
-    """Load pretrained weights into ``model`` in place, adapted to its image size, patch size, channels and head
-    by :func:`vitlab.interop.load_pretrained`.
-
-    ``init``: a ``.safetensors`` / ``.pth`` file or vitlab checkpoint folder (timm or vitlab weights), or
-    ``hub`` for timm's own pretrained weights of a ``timm:NAME`` model (needs the network). A timm model is
-    converted to vitlab's equivalent for the adaptation and back to timm's keys.
-    """
-    from vitlab.interop import adapt_state_dict, load_pretrained, to_timm
-    from vitlab.interop.timm_convert import config_from_timm
-    from vitlab.models import VitlabModel, build_model
-
-    if isinstance(model, VitlabModel):
-        if init == "hub":
-            raise ConfigError(f"--pretrained hub downloads timm weights, but {model.cfg.name or 'this'} is a vitlab "
-                              "model; pass a weight file")
-        load_pretrained(model, init)
-        return
-    cfg = config_from_timm(model)
-    if init == "hub":
-        source = load_pretrained(f"timm:{model.vitlab_spec.timm}")
-        with_weights = build_model(cfg)
-        with_weights.load_state_dict(adapt_state_dict(source.state_dict(), with_weights))
-    else:
-        with_weights = load_pretrained(cfg, init)
-    model.load_state_dict(to_timm(with_weights).state_dict())
 
 
 @dataclass
@@ -91,7 +52,7 @@ class RunSpec:
     name: str
     config: Any  # RunConfig; its ``output`` is set to the run's folder when it runs
     info: dict[str, Any] = field(default_factory=dict)
-    init: str | None = None  # pretrained weights to start from (see load_init)
+    init: str | None = None  # pretrained weights to start from (train's init_weights)
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -123,15 +84,13 @@ def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, b
     return summary, True
 
 
-IGNORED = ("output", "progress", "device", "threads", "data_dir", "download", "eval_batch_size", "checkpoint_every",
-           "compile", "amp", "logger")
-
-
 def changed_options(cfg: Any, run_dir: Path) -> list[str]:
     """The options ``cfg`` sets that differ from those the run in ``run_dir`` was trained with (its
     ``config.json``): run options against the stored run config, model options against the model that was
-    built. Execution options (device, threads, output...) do not count. Empty when unknown."""
+    built. The result-neutral options (:data:`vitlab.train.options.RESULT_NEUTRAL`: device, threads, output...) do
+    not count. Empty when unknown."""
     from vitlab.checkpoint import ModelSpec, read_config
+    from vitlab.train.options import RESULT_NEUTRAL
 
     try:
         config = read_config(run_dir)
@@ -142,7 +101,7 @@ def changed_options(cfg: Any, run_dir: Path) -> list[str]:
         return []
     out = []
     for key, value in cfg.to_dict().items():
-        if key in IGNORED or value is None or key not in stored:
+        if key in RESULT_NEUTRAL or value is None or key not in stored:
             continue
         if key == "model_overrides":
             have = {**(stored[key] or {}), **built}
@@ -264,42 +223,6 @@ def parse_ints(text: str, what: str, *, minimum: int = 1) -> list[int]:
     return out
 
 
-BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
-              "off": False}
-
-
-def parse_typed(text: str, tp: Any, what: str) -> Any:
-    """Parse ``text`` to ``tp`` (``int``, ``float``, ``bool``, ``str``, or an optional of one; ``none`` for None)."""
-    import types
-    import typing
-
-    args = typing.get_args(tp)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), tp) if isinstance(tp, types.UnionType) or args else tp
-    if optional and text.lower() in ("none", "null"):
-        return None
-    if base is bool:
-        if text.lower() not in BOOL_WORDS:
-            raise ConfigError(f"{what}: {text!r} is not a boolean; use true or false")
-        return BOOL_WORDS[text.lower()]
-    if base is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"{what}: {text!r} is not an integer") from None
-    if base is float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise ConfigError(f"{what}: {text!r} is not a number") from None
-        if not math.isfinite(v):
-            raise ConfigError(f"{what}: {text!r} is not a finite number")
-        return v
-    if base is str:
-        return text
-    raise ConfigError(f"{what} has type {tp} and cannot be swept from the command line; pick another option")
-
-
 def format_value(v: Any) -> str:
     """A value as it appears in folder names, CSV cells and legends (``1e-05``, ``0.1``, ``true``)."""
     if isinstance(v, bool):
@@ -314,32 +237,6 @@ def format_value(v: Any) -> str:
 def safe_name(text: str) -> str:
     """``text`` with anything but letters, digits and ``._=-+`` replaced by ``_`` (a folder name)."""
     return "".join(c if c.isalnum() or c in "._=-+" else "_" for c in text)
-
-
-def parse_set(items: Iterable[str] | None, what: str = "--set") -> dict[str, str]:
-    """``['depth=4', 'gate=layerscale']`` -> ``{'depth': '4', 'gate': 'layerscale'}`` (values still text)."""
-    out: dict[str, str] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{what} {item!r} must be KEY=VALUE, e.g. {what} drop_path_rate=0.1")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def model_overrides(items: Iterable[str] | None) -> dict[str, Any]:
-    """``--set KEY=VALUE`` model options parsed to the types of :class:`~vitlab.models.ModelConfig` fields."""
-    import typing
-
-    from vitlab.models import ModelConfig
-
-    hints = typing.get_type_hints(ModelConfig)
-    out = {}
-    for key, text in parse_set(items).items():
-        if key not in hints:
-            raise ConfigError(unknown_option(key, list(hints), "model option"))
-        out[key] = parse_typed(text, hints[key], f"--set {key}")
-    return out
 
 
 def unknown_option(key: str, names: Sequence[str], kind: str) -> str:
@@ -397,88 +294,6 @@ def model_cost(preset: str, overrides: dict[str, Any]) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), model.flop_count()
 
 
-# ---- commands --------------------------------------------------------------------------------------------
-
-def command_line(args: argparse.Namespace, paired: tuple[str, str] | None = None) -> str:
-    """The exact command that ran: ``vitlab COMMAND`` and every option with the value used.
-
-    The sub-command registers its parser as ``args._parser`` (``p.set_defaults(_parser=p)``). ``paired``
-    names two repeated options written alternately (``--param A --values 1,2 --param B --values 3``).
-    """
-    parser: argparse.ArgumentParser = args._parser
-    words = ["vitlab", args.command]
-    for action in parser._actions:
-        if not action.option_strings or action.dest in ("help", "_parser", "func"):
-            continue
-        value = getattr(args, action.dest, None)
-        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
-        if paired and action.dest in paired:
-            if action.dest == paired[0]:
-                second = getattr(args, paired[1]) or []
-                for a, b in zip(value or [], second):
-                    words += [flag, str(a), f"--{paired[1].replace('_', '-')}", str(b)]
-            continue
-        if isinstance(action, argparse._StoreTrueAction):
-            if value:
-                words.append(flag)
-        elif isinstance(action, argparse._StoreFalseAction):
-            if not value:
-                words.append(flag)
-        elif value is None:
-            continue
-        elif isinstance(value, list):
-            for v in value:
-                words += [flag, str(v)]
-        else:
-            words += [flag, str(value)]
-    return shlex.join(words)
-
-
-def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs per run") -> None:
-    """The training options every study shares (anything left out takes the data set's recipe)."""
-    p.add_argument("--budget", choices=tuple(BUDGETS), default="default",
-                   help="epochs per run relative to the data set's recipe: quick (a fifth: a smoke test, its runs "
-                        "end under-trained), default (the recipe's epochs, 50 on mnist-5k: past the early "
-                        "plateau), long (twice the recipe's)")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"{epochs_help}, exactly (overrides --budget; default: the budget's)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the recipe's)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
-    p.add_argument("--limit-train", type=int, default=None, metavar="N", help="train on a fixed subset of N images")
-    p.add_argument("--limit-test", type=int, default=None, metavar="N", help="test on the first N test images")
-    p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's)")
-    p.add_argument("--no-augment", action="store_true",
-                   help="switch every augmentation off (as `vitlab train --no-augment`); short studies learn faster")
-    p.add_argument("--run-set", action="append", default=None, metavar="KEY=VALUE",
-                   help="any other run option of `vitlab train` for every run (repeatable), e.g. warmup_epochs=1")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no per-epoch progress bars (one line per run is still printed)")
-    p.add_argument("--logger", default="none", metavar="NAME",
-                   help="also track every run and the study's figures in tensorboard | mlflow | wandb (default none)")
-
-
-def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
-    """A :class:`~vitlab.train.config.RunConfig` from the shared options plus ``fields``."""
-    from vitlab.train.config import NO_AUGMENT, RunConfig, coerce
-
-    extra: dict[str, Any] = {}
-    for key, text in parse_set(args.run_set, "--run-set").items():
-        extra.update(coerce({key: yaml_value(text)}, f"--run-set {key}"))
-    epochs = args.epochs
-    if epochs is None and getattr(args, "budget", "default") != "default":
-        epochs = budget_epochs(args.budget, fields.get("dataset", "mnist-5k"), args.limit_train)
-    opts = {"epochs": epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
-            "limit_test": args.limit_test, "data_dir": args.data_dir, "device": args.device,
-            "threads": args.threads, "progress": args.progress, "logger": getattr(args, "logger", None)}
-    if args.no_augment:
-        opts.update(NO_AUGMENT)
-    cfg = RunConfig(**{**{k: v for k, v in opts.items() if v is not None}, **extra, **fields})
-    cfg.validate()
-    return cfg
-
-
 def track_study(out: Path, logger: str, pairs: Sequence[tuple[RunSpec, dict]], params: dict[str, Any]) -> None:
     """Log a finished study to the ``--logger`` backend as one tracker run of its own (each training run has
     its own already): the study's settings as params, every run's final test accuracy and the best as its
@@ -499,16 +314,6 @@ def track_study(out: Path, logger: str, pairs: Sequence[tuple[RunSpec, dict]], p
         status = "finished"
     finally:
         tracker.close(status)
-
-
-def yaml_value(text: str) -> Any:
-    """A command-line value read as a YAML scalar (numbers, true/false, null), else the text itself."""
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
 
 
 def check_output(path: str | Path) -> Path:

@@ -10,7 +10,7 @@ weights (needs the network).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from vitlab.experiments.common import (
     undertrained,
     undertrained_warning,
     warning_section,
-    yaml_value,
 )
 
 SKIP = ("-", "none", "")
@@ -72,7 +71,10 @@ def parse_models(text: str) -> list[str]:
 
 
 def parse_model_sets(items: list[str] | None, models: list[str]) -> dict[str, dict[str, Any]]:
-    """``--set [MODEL:]KEY=VALUE`` -> options per model (without MODEL: for every model); values read as YAML."""
+    """``--set [MODEL:]KEY=VALUE`` -> options per model (without MODEL: for every model); values read by
+    :func:`vitlab.train.options.parse_value`."""
+    from vitlab.train.options import parse_value
+
     out: dict[str, dict[str, Any]] = {m: {} for m in models}
     for item in items or ():
         lhs, sep, value = item.partition("=")
@@ -84,7 +86,7 @@ def parse_model_sets(items: list[str] | None, models: list[str]) -> dict[str, di
         for t in targets:
             if t not in out:
                 raise ConfigError(f"--set {item!r} names model {t!r}, which is not in --models ({', '.join(models)})")
-            out[t][key.strip()] = yaml_value(value.strip())
+            out[t][key.strip()] = parse_value(value)
     return out
 
 
@@ -267,3 +269,37 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
     ]
     write_report(out, title, command, sections)
     return {"rows": rows, "summary": table, "text": text, "warning": warning}
+
+
+@dataclass
+class CompareConfig:
+    """A whole comparison: every entry (a model from scratch or fine-tuned) trained with ``run`` per seed."""
+
+    entries: list[Entry]  # from entries(): from-scratch rows, each followed by its fine-tuned rows
+    run: Any  # the RunConfig of every run (recipe, data set); model and model options are set per entry
+    output: Path  # the study folder
+    seeds: int = 1
+    command: str = ""  # the command line the report shows
+    logger: str = "none"  # also track the study there (vitlab.train.tracking)
+    models: list[str] = field(default_factory=list)  # the --models, as given (for the report's settings)
+
+
+def run_compare(config: CompareConfig) -> dict[str, Any]:
+    """Train (or read back) every run and write the table, figure and report into ``config.output``; returns
+    :func:`write_compare`'s result and the study folder (``out``)."""
+    from vitlab.experiments.common import check_output, run_all, track_study
+
+    if config.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
+    cfg, items = config.run, config.entries
+    models = config.models or list(dict.fromkeys(e.model for e in items))
+    specs = compare_specs(items, cfg, list(range(config.seeds)))
+    out = check_output(config.output)
+    pairs = run_all(specs, out, title="compare")
+    meta = {"dataset": cfg.dataset, "models": models,
+            "overrides": {e.model: e.overrides for e in items if e.init is None},
+            "pretrained": {e.label: e.init for e in items if e.init}, "seeds": config.seeds,
+            "run_config": cfg.to_dict()}
+    result = write_compare(out, pairs, title=f"Comparison on {cfg.dataset}", command=config.command, meta=meta)
+    track_study(out, config.logger, pairs, meta)
+    return {**result, "out": out}

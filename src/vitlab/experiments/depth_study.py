@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -419,3 +420,80 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     write_report(out, title, command, sections)
     return {"summary": agg, "figures": figures + ([sim_name] if deepest else []), "text": lines,
             "warning": warning}
+
+
+@dataclass
+class DepthStudyConfig:
+    """A whole depth study: every variant at every depth and seed on the width of preset ``base``."""
+
+    base: str  # the ViT preset whose width, heads, image and patch size every variant shares
+    depths: list[int]
+    variants: list[str]
+    run: Any  # the RunConfig of every run (recipe, data set); model and model options are set per run
+    output: Path  # the study folder
+    seeds: int = 1
+    num_images: int = 64  # test images the diagnostics average over
+    threshold: float = 0.9  # similarity above which two blocks count as similar
+    shared: dict[str, Any] = field(default_factory=dict)  # model options of every variant (--set)
+    analyze_runs: bool = False  # also write each run's full `vitlab analyze` report
+    command: str = ""  # the command line the report shows
+    logger: str = "none"  # also track the study there (vitlab.train.tracking)
+
+
+def variant_notes(variants: list[str]) -> list[str]:
+    """One line per variant that sets run options itself, whatever the recipe says."""
+    return [f"note: the {v} variant trains with {', '.join(f'{k}={val:g}' for k, val in VARIANT_RUN[v].items())} "
+            "whatever the recipe says (its paper's setting)" for v in variants if VARIANT_RUN.get(v)]
+
+
+def check_depth_study(config: DepthStudyConfig) -> Any:
+    """Refuse impossible settings before anything runs; returns the base preset's ModelConfig."""
+    from vitlab.models import get_config
+
+    if config.seeds < 1 or config.num_images < 1:
+        raise ConfigError(f"--seeds and --num-images must be >= 1, got {config.seeds} and {config.num_images}")
+    if not -1.0 <= config.threshold <= 1.0:
+        raise ConfigError(f"--threshold {config.threshold} is not a cosine similarity; pass a value in [-1, 1]")
+    base_model = get_config(config.base)
+    if base_model.arch != "vit":
+        raise ConfigError(f"--base {config.base} is a {base_model.arch} preset; pass a ViT preset (e.g. vit_mnist) "
+                          "whose width the variants share")
+    return base_model
+
+
+def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
+    """Train (or read back) every run, diagnose each checkpoint, and write the tables, figures and report into
+    ``config.output``; returns :func:`write_study`'s result and the study folder (``out``)."""
+    import sys
+
+    from vitlab.data import load_dataset, normalization
+    from vitlab.experiments.common import check_output, run_all, track_study
+
+    base_model = check_depth_study(config)
+    depths, variants, cfg = sorted(config.depths), config.variants, config.run
+    specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared)
+    out = check_output(config.output)
+    pairs = run_all(specs, out, title="depth study")
+
+    _, test = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=base_model.img_size,
+                           in_chans=base_model.in_chans)
+    n = min(config.num_images, len(test))
+    mean, std = normalization(cfg.dataset, base_model.in_chans)
+    rows, ratio_rows, layer_rows, deepest = [], [], [], {}
+    for i, (spec, summary) in enumerate(pairs):
+        print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
+        diag = diagnose(out / spec.name, test.images[:n], test.labels[:n], test.classes, mean, std,
+                        threshold=config.threshold, full_report=config.analyze_runs)
+        rows.append(result_row(spec, summary, diag))
+        ratios, layers = per_layer_rows(spec, diag)
+        ratio_rows += ratios
+        layer_rows += layers
+        if spec.info["depth"] == depths[-1] and spec.info["seed"] == 0:
+            deepest[spec.info["variant"]] = diag
+    meta = {"base": config.base, "dataset": cfg.dataset, "depths": depths, "variants": variants,
+            "seeds": config.seeds, "num_images": n, "threshold": config.threshold, "run_config": cfg.to_dict()}
+    title = f"Depth study on {cfg.dataset} (width of {config.base})"
+    result = write_study(out, rows, ratio_rows, layer_rows, deepest, variants=variants, depths=depths,
+                         threshold=config.threshold, title=title, command=config.command, meta=meta)
+    track_study(out, config.logger, pairs, meta)
+    return {**result, "out": out}

@@ -11,19 +11,18 @@ and resumed picks the same values as one that ran straight through.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.experiments.common import IGNORED, format_value, parse_typed, unknown_option, yaml_value
+from vitlab.experiments.common import format_value, unknown_option
 from vitlab.experiments.search_report import OBJECTIVES, write_search
 from vitlab.experiments.sweep import MODEL, param_types
+from vitlab.train.options import RESULT_NEUTRAL, coerce_to, parse_value
 
 DB = "optuna.db"
 STUDY = "vitlab-search"
@@ -77,7 +76,7 @@ def parse_range(model: str, name: str, text: str) -> SearchParam:
         raise ConfigError(f"{name} is not numeric; give its choices with --values instead of --range")
     integer = base is int or "int" in flags
     what = f"--range for {name}"
-    low, high = (parse_typed(t, float, what) for t in parts[:2])
+    low, high = (coerce_to(name, parse_value(t), float, what) for t in parts[:2])
     if integer and (low != int(low) or high != int(high)):
         raise ConfigError(f"{what}: {text!r} needs whole-number bounds for an integer option")
     if low >= high:
@@ -149,7 +148,7 @@ class SearchConfig:
 
     def signature(self) -> dict[str, Any]:
         """What a resumed search must share with the stored one (trials, pruner and seed may change)."""
-        run = {k: v for k, v in self.base.to_dict().items() if k not in IGNORED and k != "seed"}
+        run = {k: v for k, v in self.base.to_dict().items() if k not in RESULT_NEUTRAL and k != "seed"}
         sig = {**run, "model": self.model, "dataset": self.dataset, "space": [p.describe() for p in self.params],
                "fixed": self.fixed, "objective": self.objective}
         return json.loads(json.dumps(sig, default=str))
@@ -331,35 +330,3 @@ def run_search(config: SearchConfig, log: Any = print) -> dict[str, Any]:
         run_trial(study, config, log)
         ran += 1
     return {**write_search(study, config, storage=DB), "ran": ran}
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """``vitlab sweep --search optuna``: the search from the command's options, then one line of results."""
-    from vitlab.experiments.common import base_run_config, check_output, command_line, model_overrides, parse_set
-
-    import_optuna()
-    if args.seeds != 1:
-        raise ConfigError("--seeds is for the grid; --search optuna trains one run per trial with --seed")
-    names = args.param or []
-    pairs = [(names[i] if 0 <= i < len(names) else None, how, text) for i, how, text in (args.pairs or [])]
-    if any(n is None for n, _, _ in pairs) or len(pairs) != len(names):
-        raise ConfigError(f"{len(names)} --param but {len(pairs)} --values/--range; give one after each --param")
-    params = parse_search_params(args.model, [(n, how, t) for n, how, t in pairs])
-    fixed = {k: yaml_value(v) for k, v in parse_set(args.set).items()} if args.model.startswith("timm:") \
-        else model_overrides(args.set)
-    extra = {"trials": 20 if args.trials is None else args.trials, "pruner": args.pruner or "median",
-             "objective": args.objective or "test_acc", "seed": 0 if args.seed is None else args.seed,
-             "prune_startup": 5 if args.prune_startup is None else args.prune_startup,
-             "prune_warmup": args.prune_warmup or 0}
-    shown = argparse.Namespace(**{**vars(args), "param": None, "values": None, "range": None})
-    words = " ".join(f"--param {shlex.quote(n)} --{how} {shlex.quote(t)}" for n, how, t in pairs)
-    command = command_line(shown).replace("vitlab sweep", f"vitlab sweep {words}", 1)
-    config = SearchConfig(model=args.model, dataset=args.dataset, params=params,
-                          base=base_run_config(args, dataset=args.dataset), output=Path(args.output), fixed=fixed,
-                          command=command, **extra)
-    config.validate()
-    config.output = check_output(args.output)
-    result = run_search(config)
-    print(f"{result['text']} Wrote trials.csv, {', '.join(result['figures'])}, summary.json, index.html to "
-          f"{config.output} (study in optuna.db)")
-    return 0

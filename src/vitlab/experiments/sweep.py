@@ -4,7 +4,8 @@ seed, then plot test accuracy (mean +- std over seeds) and training time against
 Any :class:`~vitlab.models.ModelConfig` field can be swept (``embed_dim``, ``patch_size``, ``depth``,
 ``num_heads``, ``mlp_ratio``, ``gate``...), and so can the recipe options of
 :class:`~vitlab.train.config.RunConfig` (``lr``, ``batch_size``, ``drop_path``...). Values are parsed to
-the field's type. For ``timm:NAME`` models the values are parsed as YAML scalars and passed to timm.
+the field's type (:mod:`vitlab.train.options`). For ``timm:NAME`` models the values are read as YAML scalars and
+passed to timm. :func:`run_sweep` runs a whole sweep from a :class:`SweepConfig`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 import json
 import math
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ from vitlab.experiments.common import (
     format_value,
     mark_groups,
     model_cost,
-    parse_typed,
     safe_name,
     split_list,
     summary_value,
@@ -69,16 +69,16 @@ def param_types(model: str) -> dict[str, tuple[str, Any]]:
 
 def parse_param(model: str, name: str, values: str) -> SweepParam:
     """Resolve ``--param NAME --values V1,V2`` for ``model``; unknown names get the closest valid ones."""
+    from vitlab.train.options import coerce_to, parse_value
+
     name = name.strip().replace("-", "_")
     types = param_types(model)
     texts = split_list(values, f"--values for {name}")
     if name in types:
         kind, tp = types[name]
-        parsed = [parse_typed(t, tp, f"--values for {name}") for t in texts]
+        parsed = [coerce_to(name, parse_value(t), tp, f"--values for {name}") for t in texts]
     elif model.startswith("timm:"):
-        import yaml
-
-        kind, parsed = MODEL, [yaml.safe_load(t) for t in texts]
+        kind, parsed = MODEL, [parse_value(t) for t in texts]
     else:
         raise ConfigError(unknown_option(name, list(types), "sweep parameter"))
     unique: list[Any] = []
@@ -271,3 +271,39 @@ def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[Sweep
                                               for k, v in meta.items()]])]
     write_report(out, title, command, sections)
     return {"rows": rows, "summary": agg, "figures": figures, "text": text, "warning": warning}
+
+
+@dataclass
+class SweepConfig:
+    """A whole sweep: ``model`` trained with ``base`` once per combination of ``params`` and per seed."""
+
+    model: str  # a preset or timm:NAME
+    params: list[SweepParam]  # from parse_params
+    base: Any  # the RunConfig of every run (recipe, data set); model and model options are set per run
+    output: Path  # the study folder
+    seeds: int = 1  # seeds 0..seeds-1 per combination
+    fixed: dict[str, Any] = field(default_factory=dict)  # model options of every run
+    command: str = ""  # the command line the report shows
+    logger: str = "none"  # also track the study there (vitlab.train.tracking)
+
+
+def run_sweep(config: SweepConfig) -> dict[str, Any]:
+    """Train (or read back) every run of the sweep and write its tables, figures and report into
+    ``config.output``; returns :func:`write_sweep`'s result and the study folder (``out``)."""
+    from vitlab.experiments.common import check_output, run_all, track_study
+
+    if config.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
+    clash = [p.name for p in config.params if p.name in config.fixed]
+    if clash:
+        raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
+    base = config.base
+    specs = sweep_specs(config.model, config.params, list(range(config.seeds)), base, config.fixed)
+    out = check_output(config.output)
+    pairs = run_all(specs, out, title="sweep")
+    title = f"Sweep of {config.model} on {base.dataset}"
+    meta = {"model": config.model, "dataset": base.dataset, "seeds": config.seeds, "fixed_overrides": config.fixed,
+            "run_config": base.to_dict()}
+    result = write_sweep(out, pairs, config.params, title=title, command=config.command, meta=meta)
+    track_study(out, config.logger, pairs, meta)
+    return {**result, "out": out}

@@ -38,7 +38,7 @@ from vitlab.train.logging import METRICS, RunLogger
 from vitlab.train.optim import WarmupCosine, build_optimizer
 from vitlab.train.progress import Progress
 from vitlab.train.resume import Resume
-from vitlab.train.run_model import create_for_run, model_input, model_macs, run_model_overrides, token_count
+from vitlab.train.run_model import load_init, model_macs, resolve_run_model, token_count
 from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
 from vitlab.train.tracking import check_logger
@@ -58,15 +58,21 @@ class TrainResult:
     exit_code: int = 0  # 0, or 128 + signal when stopped by SIGINT/SIGTERM
 
 
-def train(cfg: RunConfig, *, resume: str | Path | None = None,
+def train(cfg: RunConfig, *, resume: str | Path | None = None, init_weights: str | Path | None = None,
           on_step: Callable[[Trainer], None] | None = None,
           on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True) -> TrainResult:
-    """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`. ``verify=False``
-    resumes from a ``state.pt`` whose SHA-256 no longer matches its ``manifest.json``."""
+    """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`.
+
+    ``init_weights`` starts the model from pretrained weights instead of its initialisation: a ``.safetensors`` /
+    ``.pth`` file or vitlab checkpoint folder (timm's or vitlab's), or ``hub`` for timm's own weights of a
+    ``timm:NAME`` model, adapted to the run's image size, patch size, channels and classes (:func:`load_init`).
+    ``verify=False`` resumes from a ``state.pt`` whose SHA-256 no longer matches its ``manifest.json``.
+    """
     cfg.validate()  # refuse out-of-range numbers before any data is loaded
     ctx = init_distributed(cfg.device)
     try:
-        return Trainer(cfg, ctx, resume=resume, on_step=on_step, on_epoch=on_epoch, verify=verify).fit()
+        return Trainer(cfg, ctx, resume=resume, init_weights=init_weights, on_step=on_step, on_epoch=on_epoch,
+                       verify=verify).fit()
     finally:
         ctx.close()
 
@@ -77,27 +83,30 @@ def default_output(cfg: RunConfig) -> Path:
 
 
 class Trainer:
-    """One training run. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks);
+    """One training run: a new one, one continued from the checkpoint in ``resume``, or one whose model starts
+    from ``init_weights``. ``on_step(trainer)`` is called after every optimiser step (tests, callbacks);
     ``on_epoch(epoch, row)`` after each epoch is evaluated, logged and saved (``row`` as in ``metrics.jsonl``,
     on every process): returning True ends the run there, early, with its summary (``stopped_early``)."""
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
-                 on_step: Callable[[Trainer], None] | None = None,
+                 init_weights: str | Path | None = None, on_step: Callable[[Trainer], None] | None = None,
                  on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True) -> None:
         self.ctx, self.on_step, self.on_epoch, self.stop = ctx, on_step, on_epoch, StopRequest()
         self.stopped_early = False
         self.device = ctx.device
         cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
         check_logger(cfg.logger)  # a missing tracking backend is refused before any data loads
+        if resume is not None and init_weights is not None:
+            raise ConfigError("a resumed run continues from its own weights; drop the initial weights, or start a new "
+                              "run with another --output")
         resumed = Resume.load(resume, verify) if resume is not None else None
-        img_size, in_chans = model_input(cfg.model, cfg.model_overrides, cfg.dataset)
+        run_model = resolve_run_model(cfg)
         if resumed is not None:  # refuse another architecture before loading any data
-            probe = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(resumed.classes),
-                                   img_size=img_size, in_chans=in_chans)
-            resumed.check_architecture(probe)
+            resumed.check_architecture(run_model.build(len(resumed.classes)))
         self.out_dir = self._output_dir(cfg, resume)
         if not ctx.is_main:  # rank 0 downloads first
             ctx.barrier()
+        img_size, in_chans = run_model.img_size, run_model.in_chans
         train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
                                                in_chans=in_chans, download=cfg.download and ctx.is_main)
         if ctx.is_main:
@@ -106,7 +115,8 @@ class Trainer:
         cfg.validate()
         train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size)
         cfg = cfg.resolve(len(train_split))
-        cfg = cfg.replace(model_overrides=run_model_overrides(cfg))
+        run_model = run_model.with_recipe(cfg)
+        cfg = cfg.replace(model_overrides=run_model.overrides)  # what the checkpoint stores
         check_batch(cfg.batch_size, ctx)
         self.steps_per_epoch = len(train_split) // cfg.batch_size
         if self.steps_per_epoch == 0:
@@ -122,8 +132,7 @@ class Trainer:
             self.data_info["num_val"] = len(val_split)
 
         torch.manual_seed(derive_seed(cfg.seed, INIT_STREAM))
-        model = create_for_run(cfg.model, cfg.model_overrides, num_classes=len(self.classes), img_size=img_size,
-                               in_chans=in_chans)
+        model = run_model.build(len(self.classes))
         self.model = model.to(self.device)
         self.slices = self._plan_cpu(cfg)
         self.train_data = self._to_device(train_split)
@@ -150,6 +159,8 @@ class Trainer:
         self._clock = time.perf_counter()
         if resumed is not None:
             self._restore(resumed)
+        elif init_weights is not None:
+            self._load_init(init_weights)
         self.train_model = self._wrap(self.model)
         self._prepare_output(resume)
 
@@ -237,6 +248,12 @@ class Trainer:
             src = Path(resume) / METRICS
             if src.is_file():
                 shutil.copyfile(src, self.out_dir / METRICS)
+
+    def _load_init(self, init_weights: str | Path) -> None:
+        """Start from pretrained weights (adapted to this model by :func:`load_init`), the EMA copy too."""
+        load_init(self.model, str(init_weights))
+        if self.ema is not None:
+            self.ema.module.load_state_dict(self.model.state_dict())
 
     def _restore(self, resumed: Resume) -> None:
         state, resume = resumed.state, resumed.path

@@ -15,10 +15,11 @@ from torch import nn
 from vitlab.checkpoint import CONFIG, load_train_state, read_config, read_spec, spec_of, state_mismatch
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.train.config import RunConfig
+from vitlab.train.options import RESULT_NEUTRAL
 
-# run options a resumed run may change without breaking the continuation
-RESUMABLE = {"epochs", "output", "progress", "checkpoint_every", "device", "threads", "slices", "eval_batch_size",
-             "skip_nonfinite", "data_dir", "download", "compile", "model", "model_overrides", "logger"}
+# run options a resumed run may change without breaking the continuation: the result-neutral ones, more epochs, and
+# model options (the model built is checked against the checkpoint's architecture before any data loads)
+RESUMABLE = RESULT_NEUTRAL | {"epochs", "model", "model_overrides"}
 
 
 def resume_config(resume: str | Path, changes: dict[str, Any]) -> RunConfig:

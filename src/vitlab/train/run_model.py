@@ -1,5 +1,6 @@
-"""The model of a training run: ``--model`` (a vitlab preset with overrides, or ``timm:NAME``) resolved for the
-data, the input size it needs, and its cost per image.
+"""The model of a training run: ``--model`` (a vitlab preset with overrides, or ``timm:NAME``) resolved once for the
+data (:func:`resolve_run_model`), the input size it needs, its initial weights (:func:`load_init`) and its cost
+per image.
 
 Every model built here carries its :class:`vitlab.checkpoint.ModelSpec` (``model.vitlab_spec``), which the
 checkpoint stores.
@@ -7,6 +8,8 @@ checkpoint stores.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,16 +64,39 @@ def create_for_run(name: str, overrides: dict[str, Any], *, num_classes: int, im
     return build_vitlab(get_config(name, **{**_vitlab_overrides(overrides), "num_classes": num_classes}))
 
 
-def run_model_overrides(cfg: RunConfig) -> dict[str, Any]:
-    """The effective model options: data-set defaults (vitlab ViTs), the drop-path flags, the user's."""
+@dataclass(frozen=True)
+class RunModel:
+    """The model of a run, resolved once from its :class:`RunConfig` (see :func:`resolve_run_model`)."""
+
+    name: str  # a preset, or timm:NAME
+    overrides: dict[str, Any]  # the effective model options (ModelConfig fields; timm: keyword arguments)
+    img_size: int  # the input the data is prepared at
+    in_chans: int
+
+    def with_recipe(self, cfg: RunConfig) -> RunModel:
+        """This model with the resolved recipe's drop-path rate and rule, unless the model options set them."""
+        overrides = dict(self.overrides)
+        overrides.setdefault("drop_path_rate", cfg.drop_path)
+        if cfg.drop_path_rule is not None:
+            overrides.setdefault("drop_path_rule", cfg.drop_path_rule)
+        return dataclasses.replace(self, overrides=overrides)
+
+    def build(self, num_classes: int) -> nn.Module:
+        """The model for ``num_classes`` classes, carrying its :class:`~vitlab.checkpoint.ModelSpec`."""
+        return create_for_run(self.name, self.overrides, num_classes=num_classes, img_size=self.img_size,
+                              in_chans=self.in_chans)
+
+
+def resolve_run_model(cfg: RunConfig) -> RunModel:
+    """The model of run ``cfg``, before any data is loaded: the data set's defaults (vitlab ViTs) under the
+    user's options, and the input size and channels the data must be prepared at. The drop-path rate is a recipe
+    option, known once the recipe is resolved for the training set's size: :meth:`RunModel.with_recipe`."""
     overrides = dict(cfg.model_overrides)
     if not is_timm(cfg.model):
         if get_config(cfg.model, **overrides).arch == "vit":
             overrides = {**model_defaults(cfg.dataset), **overrides}
-    overrides.setdefault("drop_path_rate", cfg.drop_path)
-    if cfg.drop_path_rule is not None:
-        overrides.setdefault("drop_path_rule", cfg.drop_path_rule)
-    return overrides
+    img_size, in_chans = model_input(cfg.model, overrides, cfg.dataset)
+    return RunModel(cfg.model, overrides, img_size, in_chans)
 
 
 def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
@@ -89,3 +115,31 @@ def token_count(model: nn.Module) -> int | None:
     if not isinstance(patches, int) or patches <= 0:
         return None
     return patches + int(getattr(model, "num_prefix_tokens", 0) or 0)
+
+
+def load_init(model: Any, init: str) -> None:
+    """Load pretrained weights into ``model`` in place, adapted to its image size, patch size, channels and head
+    by :func:`vitlab.interop.load_pretrained`.
+
+    ``init``: a ``.safetensors`` / ``.pth`` file or vitlab checkpoint folder (timm or vitlab weights), or
+    ``hub`` for timm's own pretrained weights of a ``timm:NAME`` model (needs the network). A timm model is
+    converted to vitlab's equivalent for the adaptation and back to timm's keys.
+    """
+    from vitlab.interop import adapt_state_dict, load_pretrained, to_timm
+    from vitlab.interop.timm_convert import config_from_timm
+    from vitlab.models import VitlabModel, build_model
+
+    if isinstance(model, VitlabModel):
+        if init == "hub":
+            raise ConfigError(f"--pretrained hub downloads timm weights, but {model.cfg.name or 'this'} is a vitlab "
+                              "model; pass a weight file")
+        load_pretrained(model, init)
+        return
+    cfg = config_from_timm(model)
+    if init == "hub":
+        source = load_pretrained(f"timm:{model.vitlab_spec.timm}")
+        with_weights = build_model(cfg)
+        with_weights.load_state_dict(adapt_state_dict(source.state_dict(), with_weights))
+    else:
+        with_weights = load_pretrained(cfg, init)
+    model.load_state_dict(to_timm(with_weights).state_dict())

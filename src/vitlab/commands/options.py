@@ -1,0 +1,96 @@
+"""What the ``vitlab`` sub-commands share on the command line: the training options of every study, the run config
+they make, and the exact command a report prints.
+
+The values themselves are parsed by one set of rules, :mod:`vitlab.train.options` (``--set``, ``--run-set``);
+argparse and the torch-free imports stay here, so that ``vitlab COMMAND --help`` answers without loading torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from vitlab.experiments.common import BUDGETS  # torch-free at import, as everything a parser is built from
+
+
+def command_line(args: argparse.Namespace, paired: tuple[str, str] | None = None) -> str:
+    """The exact command that ran: ``vitlab COMMAND`` and every option with the value used.
+
+    The sub-command registers its parser as ``args._parser`` (``p.set_defaults(_parser=p)``). ``paired``
+    names two repeated options written alternately (``--param A --values 1,2 --param B --values 3``).
+    """
+    parser: argparse.ArgumentParser = args._parser
+    words = ["vitlab", args.command]
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "_parser", "func"):
+            continue
+        value = getattr(args, action.dest, None)
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if paired and action.dest in paired:
+            if action.dest == paired[0]:
+                second = getattr(args, paired[1]) or []
+                for a, b in zip(value or [], second):
+                    words += [flag, str(a), f"--{paired[1].replace('_', '-')}", str(b)]
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            if value:
+                words.append(flag)
+        elif isinstance(action, argparse._StoreFalseAction):
+            if not value:
+                words.append(flag)
+        elif value is None:
+            continue
+        elif isinstance(value, list):
+            for v in value:
+                words += [flag, str(v)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs per run") -> None:
+    """The training options every study shares (anything left out takes the data set's recipe)."""
+    p.add_argument("--budget", choices=tuple(BUDGETS), default="default",
+                   help="epochs per run relative to the data set's recipe: quick (a fifth: a smoke test, its runs "
+                        "end under-trained), default (the recipe's epochs, 50 on mnist-5k: past the early "
+                        "plateau), long (twice the recipe's)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"{epochs_help}, exactly (overrides --budget; default: the budget's)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the recipe's)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    p.add_argument("--limit-train", type=int, default=None, metavar="N", help="train on a fixed subset of N images")
+    p.add_argument("--limit-test", type=int, default=None, metavar="N", help="test on the first N test images")
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's)")
+    p.add_argument("--no-augment", action="store_true",
+                   help="switch every augmentation off (as `vitlab train --no-augment`); short studies learn faster")
+    p.add_argument("--run-set", action="append", default=None, metavar="KEY=VALUE",
+                   help="any other run option of `vitlab train` for every run (repeatable), e.g. warmup_epochs=1")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no per-epoch progress bars (one line per run is still printed)")
+    p.add_argument("--logger", default="none", metavar="NAME",
+                   help="also track every run and the study's figures in tensorboard | mlflow | wandb (default none)")
+
+
+def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
+    """A :class:`~vitlab.train.config.RunConfig` from the shared options plus ``fields``."""
+    from vitlab.experiments.common import budget_epochs
+    from vitlab.train.config import NO_AUGMENT, RunConfig, coerce
+    from vitlab.train.options import parse_set
+
+    extra: dict[str, Any] = {}
+    for key, value in parse_set(args.run_set, "--run-set").items():
+        extra.update(coerce({key: value}, f"--run-set {key}"))
+    epochs = args.epochs
+    if epochs is None and getattr(args, "budget", "default") != "default":
+        epochs = budget_epochs(args.budget, fields.get("dataset", "mnist-5k"), args.limit_train)
+    opts = {"epochs": epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
+            "limit_test": args.limit_test, "data_dir": args.data_dir, "device": args.device,
+            "threads": args.threads, "progress": args.progress, "logger": getattr(args, "logger", None)}
+    if args.no_augment:
+        opts.update(NO_AUGMENT)
+    cfg = RunConfig(**{**{k: v for k, v in opts.items() if v is not None}, **extra, **fields})
+    cfg.validate()
+    return cfg
