@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -224,12 +225,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("vitlab", "timm"), default=None, help="run one side only")
     ap.add_argument("--quick", action="store_true", help="smoke test: 256/100 images, 1 epoch, the first seed")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--one", nargs=3, metavar=("SIDE", "SEED", "JSON"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     limit_train = limit_test = None
     if args.quick:
         args.seeds, args.timm_epochs, args.vitlab_epochs = args.seeds[:1], 1, 1
         limit_train, limit_test = 256, 100
-    data = mnist5k_tensors(limit_train, limit_test)
+    if args.one is not None:  # one run, in this (fresh) process, written to JSON for the parent
+        side, seed, out = args.one[0], int(args.one[1]), Path(args.one[2])
+        one: dict[str, Any] = {}
+        if side == "vitlab":
+            one["rows"], one["recipe"] = run_vitlab(seed, args.vitlab_epochs, limit_train, limit_test, out.parent,
+                                                    args.device)
+        else:
+            one["rows"] = run_timm(seed, args.timm_epochs, mnist5k_tensors(limit_train, limit_test),
+                                   args.timm_threads, args.device)
+        out.write_text(json.dumps(one))
+        return 0
     sides = [s for s in ("vitlab", "timm") if args.only in (None, s)]
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/time_to_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
@@ -239,12 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             for side in sides:
+                # each run in a fresh process: sides sharing a process disturb each other's OpenMP thread state
+                out = Path(tmp) / f"{side}_{seed}.json"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--one", side, str(seed), str(out),
+                       "--timm-epochs", str(args.timm_epochs), "--timm-threads", str(args.timm_threads),
+                       "--device", args.device] + (["--vitlab-epochs", str(args.vitlab_epochs)]
+                                                   if args.vitlab_epochs else []) + (["--quick"] if args.quick else [])
+                subprocess.run(cmd, check=True)
+                one = json.loads(out.read_text())
                 if side == "vitlab":
-                    rows, recipe = run_vitlab(seed, args.vitlab_epochs, limit_train, limit_test, Path(tmp),
-                                              args.device)
-                    report["sides"]["vitlab"]["recipe"] = recipe
-                else:
-                    rows = run_timm(seed, args.timm_epochs, data, args.timm_threads, args.device)
+                    report["sides"]["vitlab"]["recipe"] = one["recipe"]
+                rows = one["rows"]
                 report["sides"][side]["runs"].append({"seed": seed, "rows": rows})
                 report["sides"][side]["milestones"].append(milestones(rows))
                 m = report["sides"][side]["milestones"][-1]

@@ -608,3 +608,24 @@ def test_docs_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     assert (converted.cfg.img_size, converted.cfg.patch_size, converted.cfg.in_chans) == (28, 7, 1)
     TimmCait(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=2, num_heads=4
              ).load_state_dict(load_file("cait_mnist_timm.safetensors"))
+
+
+def test_convert_cli_takes_pooling_and_heads_the_state_dict_cannot_show(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    tm = perturb(TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5,
+                         global_pool="token", fc_norm=True)).eval()
+    src = tmp_path / "vit.safetensors"
+    save_file(tm.state_dict(), str(src))
+    assert main(["convert", str(src), str(tmp_path / "no.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "--num-heads N --global-pool token|avg" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "no.safetensors").exists()
+    out = tmp_path / "vit_vitlab.safetensors"
+    assert main(["convert", str(src), str(out), "--num-heads", "4", "--global-pool", "token"]) == 0
+    model = vitlab.load_pretrained(out).eval()
+    assert (model.cfg.num_heads, model.cfg.global_pool) == (4, "token")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), tm(x), atol=1e-4, rtol=1e-4)

@@ -362,3 +362,17 @@ def test_grad_checkpointing_benchmark_smoke(tmp_path: Path) -> None:
         assert 0 < r["checkpointed"]["saved_mb"] < r["plain"]["saved_mb"] and r["plain"]["step_s"] > 0
         assert r["memory_ratio"] == pytest.approx(r["checkpointed"]["saved_mb"] / r["plain"]["saved_mb"])
     assert "| vitlab |" in (tmp_path / "grad_checkpointing.md").read_text()
+
+
+def test_readme_timm_api_snippet_runs() -> None:
+    """The README's timm-API block (resolve_data_config, set_input_size, dynamic size, forward_intermediates,
+    layer decay through create_optimizer_v2) runs as printed."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "forward_intermediates" in b)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert [tuple(t.shape) for t in scope["inter"]] == [(2, 64, 8, 8), (2, 64, 8, 8)]
+    assert scope["cfg"]["input_size"] == (1, 28, 28)
+    assert len({g["lr_scale"] for g in scope["opt"].param_groups}) > 2  # per-block learning rates

@@ -23,6 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--patch-size", type=int, default=None, help="resample the patch kernel to this patch size")
     p.add_argument("--in-chans", type=int, default=None, help="input channels (1 sums the RGB kernels)")
     p.add_argument("--num-classes", type=int, default=None, help="classes (another count gets a fresh head)")
+    p.add_argument("--num-heads", type=int, default=None,
+                   help="heads of a plain ViT state dict (its shapes do not show them); or give --model")
+    p.add_argument("--global-pool", choices=("token", "avg"), default=None,
+                   help="what the head of a class-token ViT state dict reads (its keys do not show it); or --model")
     p.add_argument("--drop-dist-token", action="store_true", help="load a distilled DeiT without its dist token")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="read a vitlab checkpoint file whose SHA-256 no longer matches its manifest.json (edited on "
@@ -36,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_path(args.output)
     overrides = {k: v for k, v in (("img_size", args.img_size), ("patch_size", args.patch_size),
-                                   ("in_chans", args.in_chans), ("num_classes", args.num_classes)) if v is not None}
+                                   ("in_chans", args.in_chans), ("num_classes", args.num_classes),
+                                   ("num_heads", args.num_heads), ("global_pool", args.global_pool)) if v is not None}
     model = load_pretrained(args.model, args.input, drop_dist_token=args.drop_dist_token, verify=args.verify,
                             **overrides)
     state = to_timm(model).state_dict() if args.to == "timm" else model.state_dict()

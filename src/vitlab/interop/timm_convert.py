@@ -325,7 +325,8 @@ def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = 
         raise CheckpointError(f"a ViT state dict (embed_dim {dim}, depth {depth}) does not show {' nor '.join(unknown)}"
                               f"; give it to load_pretrained(None, path, ...) or say which model it is: "
                               f"load_pretrained('timm:NAME' or a vitlab preset, path) or `vitlab convert IN OUT "
-                              f"--model NAME` (e.g. --model timm:vit_small_patch16_224)")
+                              f"--model NAME` (e.g. --model timm:vit_small_patch16_224, or --num-heads N "
+                              f"--global-pool token|avg)")
     reg = state["reg_token"].shape[1] if "reg_token" in state else 0
     f = dict(arch="cait" if cait else "vit", embed_dim=dim, in_chans=in_chans, patch_size=patch, depth=depth,
              num_heads=heads, mlp_ratio=_ratio(fc1.shape[0], dim), qkv_bias="blocks.0.attn.qkv.bias" in state,
