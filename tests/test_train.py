@@ -195,6 +195,7 @@ def test_init_weights_start_the_model_and_its_ema(short_run, tmp_path):
         assert_same_weights(trainer.ema.module.state_dict(), weights(short_run))
         with pytest.raises(ConfigError, match="drop the initial weights"):
             Trainer(cfg, ctx, resume=short_run, init_weights=short_run)
+        trainer.lock.release()  # a Trainer holds its folder's lock until fit() ends
     finally:
         ctx.close()
     tuned = train(cfg.replace(ema_decay=0.0, lr=1e-12, min_lr=0.0), init_weights=short_run)  # steps too small to move
