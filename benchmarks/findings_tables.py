@@ -15,8 +15,8 @@ An optional ``where: column=value[, column=value]`` line keeps the matching rows
 
 Each figure follows ``<!-- figure: findings_NAME.png from STUDY/FILE.png | ALT TEXT -->`` (the image under
 ``docs/figures/`` and where it comes from in the study folder). Until its CSV or image exists, the line after a
-marker says "Not yet run". A column whose values are all numbers is right-aligned; an empty or NaN value reads
-``n/a``.
+marker says "Not yet run". A column whose values are all numbers is right-aligned; a cell with an empty or NaN
+value reads ``n/a``.
 
     python benchmarks/findings_tables.py docs/findings.md                    # check: exit 1 and the differences
     python benchmarks/findings_tables.py docs/findings.md --write            # rewrite every table and figure line
@@ -93,7 +93,12 @@ def _value(row: dict[str, str], name: str, op: str | None, factor: str | None, s
 
 
 def fill(template: str, row: dict[str, str]) -> str:
-    return FIELD.sub(lambda m: _value(row, m.group(1), m.group(2), m.group(3), m.group(4) or ""), template)
+    """``template`` with its fields from ``row``; a cell with any missing (empty or NaN) value reads ``n/a``."""
+    values = [_value(row, m.group(1), m.group(2), m.group(3), m.group(4) or "") for m in FIELD.finditer(template)]
+    if NA in values:
+        return NA
+    it = iter(values)
+    return FIELD.sub(lambda _m: next(it), template)
 
 
 def _numeric(rows: list[dict[str, str]], template: str) -> bool:
@@ -217,16 +222,21 @@ def residual_cv(src: Path, dst: Path) -> None:
             mean = statistics.fmean(ratios)
             group[branch].append(statistics.pstdev(ratios) / mean if mean > 0 else float("nan"))
     order = list(dict.fromkeys(r["variant"] for r in rows))
+    table = []
+    for (variant, depth), g in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+        stats: list[float] = []
+        for branch in ("attn", "mlp"):
+            cvs = [c for c in g[branch] if math.isfinite(c)]  # a branch whose ratios are all 0 has no CV
+            stats += [statistics.fmean(cvs) if cvs else math.nan,
+                      statistics.stdev(cvs) if len(cvs) > 1 else (0.0 if cvs else math.nan)]
+        table.append([variant, depth, len(g["attn"]), *stats])
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with dst.open("w", newline="") as f:
+    tmp = dst.with_name(dst.name + ".tmp")
+    with tmp.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["variant", "depth", "seeds", "cv_attn_mean", "cv_attn_std", "cv_mlp_mean", "cv_mlp_std"])
-        for (variant, depth), g in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
-            stats = []
-            for branch in ("attn", "mlp"):
-                cvs = g[branch]
-                stats += [statistics.fmean(cvs), statistics.stdev(cvs) if len(cvs) > 1 else 0.0]
-            w.writerow([variant, depth, len(g["attn"]), *stats])
+        w.writerows(table)
+    tmp.replace(dst)
 
 
 def main(argv: list[str] | None = None) -> int:
