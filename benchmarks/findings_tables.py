@@ -1,0 +1,274 @@
+"""Keep docs/findings.md in step with the CSV files and figures it reports.
+
+Every table of the page follows a marker comment naming its CSV (relative to ``docs/``) and one line per column,
+``HEADER | TEMPLATE``; the template is text with ``{column}`` or ``{column:spec}`` fields of that CSV
+(``spec``: Python's format spec), a field may be scaled, ``{memory_bytes/1048576:.1f}`` or ``{test_acc*100:.2f}``.
+An optional ``where: column=value[, column=value]`` line keeps the matching rows only::
+
+    <!-- table: results/complexity/fits.csv
+    quantity | {label}
+    exponent b (all sizes) | {exponent:.2f}
+    -->
+    | quantity | exponent b (all sizes) |
+    | --- | ---: |
+    | forward time | 1.39 |
+
+Each figure follows ``<!-- figure: findings_NAME.png from STUDY/FILE.png | ALT TEXT -->`` (the image under
+``docs/figures/`` and where it comes from in the study folder). Until its CSV or image exists, the line after a
+marker says "Not yet run". A column whose values are all numbers is right-aligned; a cell with an empty or NaN
+value reads ``n/a``.
+
+    python benchmarks/findings_tables.py docs/findings.md                    # check: exit 1 and the differences
+    python benchmarks/findings_tables.py docs/findings.md --write            # rewrite every table and figure line
+    python benchmarks/findings_tables.py docs/findings.md --from-runs runs/findings --write
+                                                      # first copy runs/findings/STUDY/FILE into docs/
+
+``--from-runs`` copies ``runs/findings/STUDY/FILE.csv`` to ``docs/results/STUDY/FILE.csv`` for each table
+marker and each figure marker's image to ``docs/figures/``; only CSV and PNG files move, never checkpoints.
+``--residual-cv IN OUT`` writes the coefficient of variation over blocks of a depth study's
+``residual_ratios.csv`` (the uniformity of the residual ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = re.compile(r"<!-- (table|figure): (.*?)-->\n", re.S)
+FIELD = re.compile(r"\{(\w+)(?:([*/])([0-9.eE+-]+))?(?::([^}]*))?\}")
+NA = "n/a"
+
+
+@dataclass
+class Block:
+    """A marker and the generated lines after it: ``start:end`` spans those lines in the page."""
+
+    kind: str  # table | figure
+    spec: str
+    start: int
+    end: int
+
+
+def blocks(text: str) -> list[Block]:
+    """Every marker of ``text`` and the span of the block that follows it (its table, image or pending line)."""
+    out = []
+    for m in MARKER.finditer(text):
+        start = end = m.end()
+        lines = text[start:].split("\n")
+        if lines and lines[0].startswith("|"):
+            n = 0
+            while n < len(lines) and lines[n].startswith("|"):
+                n += 1
+            end = start + sum(len(line) + 1 for line in lines[:n])
+        elif lines and (lines[0].startswith("![") or lines[0].startswith("_Not yet run")):
+            end = start + len(lines[0]) + 1
+        out.append(Block(m.group(1), m.group(2), start, min(end, len(text))))
+    return out
+
+
+def _value(row: dict[str, str], name: str, op: str | None, factor: str | None, spec: str) -> str:
+    if name not in row:
+        raise KeyError(f"no column {name!r}; the CSV has {', '.join(row)}")
+    raw = row[name]
+    if not spec and not op:
+        return raw if raw != "" else NA
+    try:
+        x = float(raw)
+    except ValueError:
+        return raw if raw != "" else NA
+    if math.isnan(x):
+        return NA
+    if op:
+        x = x * float(factor) if op == "*" else x / float(factor)
+    if spec.endswith("d"):
+        return format(int(round(x)), spec)
+    return format(x, spec)
+
+
+def fill(template: str, row: dict[str, str]) -> str:
+    """``template`` with its fields from ``row``; a cell with any missing (empty or NaN) value reads ``n/a``."""
+    values = [_value(row, m.group(1), m.group(2), m.group(3), m.group(4) or "") for m in FIELD.finditer(template)]
+    if NA in values:
+        return NA
+    it = iter(values)
+    return FIELD.sub(lambda _m: next(it), template)
+
+
+def _numeric(rows: list[dict[str, str]], template: str) -> bool:
+    m = FIELD.search(template)
+    if not m:
+        return False
+    for r in rows:
+        try:
+            float(r.get(m.group(1), ""))
+        except ValueError:
+            return False
+    return True
+
+
+def table_source(spec: str) -> str:
+    return spec.strip().split("\n")[0].strip()
+
+
+def render_table(spec: str, docs: Path) -> str:
+    """The markdown table (or the pending line) a table marker's spec gives for the CSV under ``docs``."""
+    lines = [line.strip() for line in spec.strip().split("\n")]
+    source, columns, where = lines[0], [], {}
+    for line in lines[1:]:
+        if line.startswith("where:"):
+            for cond in line[len("where:"):].split(","):
+                key, _, value = cond.strip().partition("=")
+                where[key.strip()] = value.strip()
+        elif line:
+            header, sep, template = line.partition(" | ")
+            if not sep:
+                raise ValueError(f"column line {line!r} of the marker for {source} is not 'HEADER | TEMPLATE'")
+            columns.append((header.strip(), template.strip()))
+    path = docs / source
+    if not path.exists():
+        return f"_Not yet run: no docs/{source} yet; the command above writes it._\n"
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if all(r.get(k) == v for k, v in where.items())]
+    if not rows:
+        raise ValueError(f"docs/{source} has no row matching {where}")
+    out = ["| " + " | ".join(h for h, _ in columns) + " |",
+           "| " + " | ".join("---:" if _numeric(rows, t) else "---" for _, t in columns) + " |"]
+    out += ["| " + " | ".join(fill(t, r) for _, t in columns) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def figure_parts(spec: str) -> tuple[str, str, str]:
+    """``(image name, STUDY/FILE it comes from, alt text)`` of a figure marker."""
+    head, _, alt = spec.strip().partition(" | ")
+    name, _, source = head.partition(" from ")
+    return name.strip(), source.strip(), alt.strip()
+
+
+def render_figure(spec: str, docs: Path) -> str:
+    name, source, alt = figure_parts(spec)
+    if not (docs / "figures" / name).exists():
+        return f"_Not yet run: docs/figures/{name} is copied from the study's {source}._\n"
+    return f"![{alt}](figures/{name})\n"
+
+
+def render(block: Block, docs: Path) -> str:
+    return render_table(block.spec, docs) if block.kind == "table" else render_figure(block.spec, docs)
+
+
+def update(text: str, docs: Path) -> str:
+    """``text`` with every generated block rewritten from the files under ``docs``."""
+    pieces, last = [], 0
+    for b in blocks(text):
+        pieces += [text[last:b.start], render(b, docs)]
+        last = b.end
+    return "".join(pieces) + text[last:]
+
+
+def differences(page: Path) -> list[str]:
+    """One message per block of ``page`` that differs from what its CSV or figure gives."""
+    text, docs = page.read_text(), page.parent
+    out = []
+    for b in blocks(text):
+        want, have = render(b, docs), text[b.start:b.end]
+        if want != have:
+            where = text[:b.start].count("\n") + 1
+            source = table_source(b.spec) if b.kind == "table" else figure_parts(b.spec)[0]
+            out.append(f"{page}:{where}: the {b.kind} from {source} differs from the page\n"
+                       f"--- page\n{have}--- expected\n{want}")
+    return out
+
+
+def collect(page: Path, runs: Path) -> list[str]:
+    """Copy each marker's CSV and figure from the study folders under ``runs``; returns what was copied."""
+    docs, copied = page.parent, []
+    for b in blocks(page.read_text()):
+        if b.kind == "table":
+            source = table_source(b.spec)
+            src, dst = runs / Path(source).relative_to("results"), docs / source
+        else:
+            name, origin, _ = figure_parts(b.spec)
+            src, dst = runs / origin, docs / "figures" / name
+        if src.suffix not in (".csv", ".png"):
+            raise ValueError(f"{src}: only CSV and PNG files are copied into docs/")
+        if src.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            copied.append(str(dst))
+    return copied
+
+
+def residual_cv(src: Path, dst: Path) -> None:
+    """Coefficient of variation (population std / mean) over the self-attention blocks of each run of a depth
+    study's ``residual_ratios.csv``, per branch (attn, mlp), then its mean and std over seeds per variant and
+    depth: 0 when every block adds the same share to the residual stream."""
+    with src.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["kind"] == "self_attention"]
+    per_run: dict[tuple, dict[str, list[float]]] = {}
+    for r in rows:
+        run = per_run.setdefault((r["variant"], int(r["depth"]), int(r["seed"])), {"attn": [], "mlp": []})
+        for branch in run:
+            run[branch].append(float(r[f"{branch}_mean"]))
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for (variant, depth, _seed), branches in per_run.items():
+        group = groups.setdefault((variant, depth), {"attn": [], "mlp": []})
+        for branch, ratios in branches.items():
+            mean = statistics.fmean(ratios)
+            group[branch].append(statistics.pstdev(ratios) / mean if mean > 0 else float("nan"))
+    order = list(dict.fromkeys(r["variant"] for r in rows))
+    table = []
+    for (variant, depth), g in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+        stats: list[float] = []
+        for branch in ("attn", "mlp"):
+            cvs = [c for c in g[branch] if math.isfinite(c)]  # a branch whose ratios are all 0 has no CV
+            stats += [statistics.fmean(cvs) if cvs else math.nan,
+                      statistics.stdev(cvs) if len(cvs) > 1 else (0.0 if cvs else math.nan)]
+        table.append([variant, depth, len(g["attn"]), *stats])
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["variant", "depth", "seeds", "cv_attn_mean", "cv_attn_std", "cv_mlp_mean", "cv_mlp_std"])
+        w.writerows(table)
+    tmp.replace(dst)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Check or rewrite the tables and figures of docs/findings.md from "
+                                            "docs/results/**.csv and docs/figures/findings_*.png.")
+    p.add_argument("page", type=Path, nargs="?", default=Path("docs/findings.md"))
+    p.add_argument("--write", action="store_true", help="rewrite the page instead of checking it")
+    p.add_argument("--from-runs", type=Path, metavar="DIR",
+                   help="first copy each table's CSV and each figure from the study folders under DIR")
+    p.add_argument("--residual-cv", nargs=2, type=Path, metavar=("IN", "OUT"),
+                   help="write the per-block coefficient of variation of IN (residual_ratios.csv) to OUT, then go on")
+    args = p.parse_args(argv)
+    if not args.page.exists():
+        print(f"findings_tables: {args.page} does not exist; pass the page, e.g. docs/findings.md", file=sys.stderr)
+        return 2
+    if args.residual_cv:
+        residual_cv(*args.residual_cv)
+    if args.from_runs:
+        for path in collect(args.page, args.from_runs):
+            print(f"copied {path}")
+    if args.write:
+        text = args.page.read_text()
+        new = update(text, args.page.parent)
+        if new != text:
+            args.page.write_text(new)
+        print(f"{args.page}: {len(blocks(new))} blocks up to date")
+        return 0
+    diffs = differences(args.page)
+    for d in diffs:
+        print(d)
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

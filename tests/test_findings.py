@@ -1,0 +1,180 @@
+"""docs/findings.md cannot drift from what was measured: each table equals its CSV, each link exists."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "findings.md"
+SCRIPT = ROOT / "benchmarks" / "findings_tables.py"
+LINK = re.compile(r"\]\(([^)#\s]+)\)")
+
+
+def _tables():
+    if "vitlab_findings_tables" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("vitlab_findings_tables", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["vitlab_findings_tables"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["vitlab_findings_tables"]
+
+
+def _copy_docs(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    return docs / "findings.md"
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_every_table_matches_its_csv() -> None:
+    assert _tables().differences(PAGE) == []
+
+
+def test_every_table_has_a_marker() -> None:
+    """A markdown table outside a generated block would be a number no test checks."""
+    text = PAGE.read_text()
+    generated = [(b.start, b.end) for b in _tables().blocks(text)]
+    offset = 0
+    for line in text.split("\n"):
+        if line.startswith("|"):
+            assert any(s <= offset < e for s, e in generated), f"table line without a marker: {line}"
+        offset += len(line) + 1
+
+
+def test_every_linked_file_exists() -> None:
+    text = PAGE.read_text()
+    links = [t for t in LINK.findall(text) if "://" not in t]
+    assert any(t.startswith("figures/") for t in links) and any(t.startswith("results") for t in links)
+    missing = [t for t in links if not (PAGE.parent / t).exists()]
+    assert missing == []
+    for b in _tables().blocks(text):  # a table shown is a CSV that exists; a figure marker's image likewise
+        if b.kind == "table" and text[b.start:b.end].startswith("|"):
+            assert (PAGE.parent / _tables().table_source(b.spec)).exists()
+
+
+def test_measured_sections_are_filled() -> None:
+    """The complexity study was run: its tables and figure are on the page, not "Not yet run"."""
+    text = PAGE.read_text()
+    for b in _tables().blocks(text):
+        source = _tables().table_source(b.spec) if b.kind == "table" else b.spec
+        if "complexity" in source:
+            assert not text[b.start:b.end].startswith("_Not yet run"), source
+
+
+def test_an_edited_number_fails(tmp_path: Path) -> None:
+    page = _copy_docs(tmp_path)
+    text = page.read_text()
+    row = "| 224 | 1025 | "
+    assert row in text
+    page.write_text(text.replace(row, "| 224 | 1024 | ", 1))
+    diffs = _tables().differences(page)
+    assert len(diffs) == 1 and "results/complexity/complexity.csv" in diffs[0]
+    check = subprocess.run([sys.executable, str(SCRIPT), str(page)], capture_output=True, text=True)
+    assert check.returncode == 1 and "differs from the page" in check.stdout
+    write = subprocess.run([sys.executable, str(SCRIPT), str(page), "--write"], capture_output=True, text=True)
+    assert write.returncode == 0 and page.read_text() == text
+
+
+def test_an_edited_csv_fails(tmp_path: Path) -> None:
+    page = _copy_docs(tmp_path)
+    fits = page.parent / "results" / "complexity" / "fits.csv"
+    fits.write_text(fits.read_text().replace("1.9999999999999991", "2.5", 1))
+    diffs = _tables().differences(page)
+    assert len(diffs) == 1 and "| attention MACs | 2.50 |" in diffs[0]
+
+
+def test_pending_table_fills_from_its_csv(tmp_path: Path) -> None:
+    t = _tables()
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    page = docs / "page.md"
+    page.write_text("intro\n\n<!-- table: results/s/summary.csv\nwidth | {embed_dim}\n"
+                    "acc (%) | {acc*100:.1f} ± {std*100:.1f}\nmemory | {bytes/1048576:.1f} MiB\nwhere: keep=yes\n-->\n"
+                    "_Not yet run: no docs/results/s/summary.csv yet; the command above writes it._\n\nafter\n"
+                    "<!-- figure: findings_s.png from s/s.png | the s figure -->\n"
+                    "_Not yet run: docs/figures/findings_s.png is copied from the study's s/s.png._\n")
+    assert t.differences(page) == []
+    runs = tmp_path / "runs"
+    _write_csv(runs / "s" / "summary.csv", [
+        {"embed_dim": "32", "acc": "0.5", "std": "0.01", "bytes": "2097152", "keep": "yes"},
+        {"embed_dim": "64", "acc": "0.9", "std": "nan", "bytes": "1048576", "keep": "yes"},
+        {"embed_dim": "128", "acc": "0.1", "std": "0", "bytes": "0", "keep": "no"}])
+    (runs / "s" / "s.png").write_bytes(b"\x89PNG")
+    (runs / "s" / "model.safetensors").write_bytes(b"weights")
+    assert sorted(Path(p).name for p in t.collect(page, runs)) == ["findings_s.png", "summary.csv"]
+    assert not (docs / "results" / "s" / "model.safetensors").exists()
+    assert len(t.differences(page)) == 2
+    page.write_text(t.update(page.read_text(), docs))
+    text = page.read_text()
+    assert ("| width | acc (%) | memory |\n| ---: | ---: | ---: |\n| 32 | 50.0 ± 1.0 | 2.0 MiB |\n"
+            "| 64 | n/a | 1.0 MiB |\n\nafter\n") in text
+    assert "![the s figure](figures/findings_s.png)\n" in text
+    assert t.differences(page) == [] and t.update(text, docs) == text
+
+
+def test_unknown_column_names_the_csv_columns(tmp_path: Path) -> None:
+    t = _tables()
+    _write_csv(tmp_path / "results" / "a.csv", [{"x": "1"}])
+    with pytest.raises(KeyError, match="no column 'y'; the CSV has x"):
+        t.render_table("results/a.csv\nY | {y}\n", tmp_path)
+
+
+def test_residual_cv(tmp_path: Path) -> None:
+    rows = []
+    for seed, attn in ((0, (1.0, 3.0)), (1, (2.0, 2.0))):
+        for block, a in enumerate(attn):
+            rows.append({"variant": "vit", "depth": 2, "seed": seed, "block": block, "kind": "self_attention",
+                         "attn_mean": a, "attn_std": 0, "mlp_mean": 0.0, "mlp_std": 0})
+    rows.append({"variant": "vit", "depth": 2, "seed": 0, "block": 2, "kind": "class_attention",
+                 "attn_mean": 100.0, "attn_std": 0, "mlp_mean": 1.0, "mlp_std": 0})
+    src, dst = tmp_path / "residual_ratios.csv", tmp_path / "out" / "cv.csv"
+    _write_csv(src, rows)
+    _tables().residual_cv(src, dst)
+    with dst.open() as f:
+        (row,) = list(csv.DictReader(f))
+    # seed 0: std 1 / mean 2 = 0.5; seed 1: 0; class attention left out; MLP ratios all 0: no CV
+    assert float(row["cv_attn_mean"]) == pytest.approx(0.25)
+    assert float(row["cv_attn_std"]) == pytest.approx(0.125 ** 0.5)  # sample std of 0.5 and 0
+    assert row["seeds"] == "2" and row["cv_mlp_mean"] == "nan"
+
+
+def test_pending_markers_name_columns_the_studies_write() -> None:
+    """A table not yet filled must still name columns its study's summary.csv will have."""
+    from vitlab.experiments import depth_study, sweep
+
+    def agg(values: tuple[str, ...]) -> set[str]:
+        return {f"{v}_{s}" for v in values for s in ("mean", "std")} | {"n", "params", "macs", "undertrained"}
+
+    t = _tables()
+    text = PAGE.read_text()
+    checked = 0
+    for b in t.blocks(text):
+        if b.kind != "table":
+            continue
+        source = t.table_source(b.spec)
+        study = Path(source).parts[1]
+        if not source.endswith("summary.csv") or study == "table1":
+            continue
+        fields = {m.group(1) for m in t.FIELD.finditer(b.spec)}
+        if study.startswith("depth"):
+            known = agg(depth_study.VALUES) | {"variant", "depth"}
+        else:
+            known = agg(sweep.VALUES) | set(sweep.param_types("vit_mnist"))
+        assert fields <= known, (source, fields - known)
+        checked += 1
+    assert checked >= 12
