@@ -192,7 +192,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Command: `{report['command']}`  ",
         f"Machine: {report['cpu']}, {report['cores']} cores, device {report['device']}, torch {report['torch']}; "
         f"load average {report['load_before']} before, {report['load_after']} after (other processes share the "
-        "cores; both sides ran interleaved, seed by seed, so load hits them alike).",
+        "cores; both sides ran interleaved, seed by seed, each run in a fresh process, so load hits them alike).",
         "",
         "Seconds are training plus per-epoch evaluation, summed epoch by epoch; median (min-max) over seeds "
         f"{', '.join(map(str, report['seeds']))}.",
