@@ -10,3 +10,20 @@ import torch
 def _seed_and_threads() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every call of ``F.scaled_dot_product_attention`` (the fused kernel) is appended to the list."""
+    import torch.nn.functional as F
+
+    calls: list = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+

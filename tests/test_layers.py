@@ -37,20 +37,6 @@ from vitlab.layers import (
 from vitlab.layers.rope import rope_table
 
 
-@pytest.fixture
-def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Every call of ``F.scaled_dot_product_attention`` (the fused kernel) is appended to the list."""
-    calls: list = []
-    real = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    return calls
-
-
 def one_line(exc: pytest.ExceptionInfo) -> str:
     msg = str(exc.value)
     assert msg and "\n" not in msg

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from timm.layers import RmsNorm
 from timm.models.cait import Cait as TimmCait
 from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -95,20 +94,6 @@ def test_features_head_and_intermediate_layers(name: str) -> None:
     assert model(x).shape == (2, 5) and model.num_classes == 5
     model.reset_classifier(0)
     torch.testing.assert_close(model(x), pre)
-
-
-@pytest.fixture
-def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Every call of ``F.scaled_dot_product_attention`` (the fused kernel) is appended to the list."""
-    calls: list = []
-    real = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    return calls
 
 
 def force_fused(model: nn.Module) -> int:

@@ -41,7 +41,6 @@ from vitlab.train.resume import Resume
 from vitlab.train.run_model import load_init, model_macs, resolve_run_model, token_count
 from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
-from vitlab.train.tracking import check_logger
 
 INIT_STREAM, AUG_STREAM = 0x1417, 0xA06
 SMALL_MODEL_MACS = 50_000_000  # per image; below it a CPU run uses one thread unless told otherwise
@@ -68,7 +67,6 @@ def train(cfg: RunConfig, *, resume: str | Path | None = None, init_weights: str
     ``timm:NAME`` model, adapted to the run's image size, patch size, channels and classes (:func:`load_init`).
     ``verify=False`` resumes from a ``state.pt`` whose SHA-256 no longer matches its ``manifest.json``.
     """
-    cfg.validate()  # refuse out-of-range numbers before any data is loaded
     ctx = init_distributed(cfg.device)
     try:
         return Trainer(cfg, ctx, resume=resume, init_weights=init_weights, on_step=on_step, on_epoch=on_epoch,
@@ -95,7 +93,7 @@ class Trainer:
         self.stopped_early = False
         self.device = ctx.device
         cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
-        check_logger(cfg.logger)  # a missing tracking backend is refused before any data loads
+        cfg.validate()  # out-of-range numbers and a missing tracking backend: refused before any data loads
         if resume is not None and init_weights is not None:
             raise ConfigError("a resumed run continues from its own weights; drop the initial weights, or start a new "
                               "run with another --output")
@@ -112,7 +110,6 @@ class Trainer:
         if ctx.is_main:
             ctx.barrier()
         train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
-        cfg.validate()
         train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size)
         cfg = cfg.resolve(len(train_split))
         run_model = run_model.with_recipe(cfg)
