@@ -46,3 +46,22 @@ def test_quick_run_writes_markdown_and_json(tmp_path, capsys):
         assert len(side["runs"]) == 1 and len(side["runs"][0]["rows"]) == 1
     text = (tmp_path / "time_to_accuracy.md").read_text()
     assert "| vitlab | 1 |" in text and "| timm | 1 |" in text and report["cpu"] in text
+
+
+def test_epoch_breakdown_quick_writes_shares_that_add_up(tmp_path):
+    """benchmarks/epoch_breakdown.py: the three parts are timed, positive, and their shares sum to one."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "epoch_breakdown.py"
+    spec = importlib.util.spec_from_file_location("vitlab_epoch_breakdown", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads((tmp_path / "epoch_breakdown.json").read_text())
+    assert set(result["cpu_seconds"]) == {"augmentation", "training step", "evaluation"}
+    assert all(v > 0 for v in result["cpu_seconds"].values())
+    assert abs(sum(result["share"].values()) - 1) < 1e-9
+    assert result["cpu_seconds"]["training step"] > result["cpu_seconds"]["augmentation"]
+    assert "| evaluation |" in (tmp_path / "epoch_breakdown.md").read_text()
