@@ -25,6 +25,11 @@ value reads ``n/a``.
 
 ``--from-runs`` copies ``runs/findings/STUDY/FILE.csv`` to ``docs/results/STUDY/FILE.csv`` for each table
 marker and each figure marker's image to ``docs/figures/``; only CSV and PNG files move, never checkpoints.
+``--keep-runs RUNS OUT`` copies the record of every finished run under ``RUNS/STUDY/RUN/`` (its ``summary.json``,
+``config.json``, ``metrics.jsonl`` and a depth study's ``diagnostics.json``; never weights) to ``OUT/STUDY/RUN/``,
+and ``--restore-runs OUT RUNS`` copies them back where a run folder is missing: a study invoked again reads a
+restored run back as finished, so a study spread over several sessions (on machines that do not keep ``runs/``)
+resumes from the committed records.
 ``--residual-cv IN OUT`` writes the coefficient of variation over blocks of a depth study's
 ``residual_ratios.csv`` (the uniformity of the residual ratios).
 """
@@ -204,6 +209,37 @@ def collect(page: Path, runs: Path) -> list[str]:
     return copied
 
 
+RUN_RECORD = ("summary.json", "config.json", "metrics.jsonl", "diagnostics.json")  # what a study reads back
+
+
+def keep_runs(runs: Path, out: Path) -> list[str]:
+    """Copy the record (:data:`RUN_RECORD`, never weights) of each finished run ``runs/STUDY/RUN`` to
+    ``out/STUDY/RUN``; returns the run folders kept."""
+    kept = []
+    for summary in sorted(runs.glob("*/*/summary.json")):
+        run = summary.parent
+        dst = out / run.relative_to(runs)
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in RUN_RECORD:
+            if (run / name).is_file():
+                shutil.copyfile(run / name, dst / name)
+        kept.append(str(dst))
+    return kept
+
+
+def restore_runs(out: Path, runs: Path) -> list[str]:
+    """Copy each kept run record under ``out`` back to ``runs/STUDY/RUN`` where that folder does not exist (a run
+    trained since is never overwritten); returns the run folders restored."""
+    restored = []
+    for summary in sorted(out.glob("*/*/summary.json")):
+        dst = runs / summary.parent.relative_to(out)
+        if dst.exists():
+            continue
+        shutil.copytree(summary.parent, dst)
+        restored.append(str(dst))
+    return restored
+
+
 def residual_cv(src: Path, dst: Path) -> None:
     """Coefficient of variation (population std / mean) over the self-attention blocks of each run of a depth
     study's ``residual_ratios.csv``, per branch (attn, mlp), then its mean and std over seeds per variant and
@@ -248,7 +284,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="first copy each table's CSV and each figure from the study folders under DIR")
     p.add_argument("--residual-cv", nargs=2, type=Path, metavar=("IN", "OUT"),
                    help="write the per-block coefficient of variation of IN (residual_ratios.csv) to OUT, then go on")
+    p.add_argument("--keep-runs", nargs=2, type=Path, metavar=("RUNS", "OUT"),
+                   help="copy each finished run's record (summary, config, metrics; never weights) under RUNS to OUT")
+    p.add_argument("--restore-runs", nargs=2, type=Path, metavar=("OUT", "RUNS"),
+                   help="copy the run records kept in OUT back under RUNS where a run folder is missing, then stop")
     args = p.parse_args(argv)
+    if args.restore_runs:
+        restored = restore_runs(*args.restore_runs)
+        print(f"restored {len(restored)} runs into {args.restore_runs[1]}")
+        return 0
+    if args.keep_runs:
+        print(f"kept the records of {len(keep_runs(*args.keep_runs))} runs in {args.keep_runs[1]}")
     if not args.page.exists():
         print(f"findings_tables: {args.page} does not exist; pass the page, e.g. docs/findings.md", file=sys.stderr)
         return 2

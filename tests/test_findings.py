@@ -178,3 +178,28 @@ def test_pending_markers_name_columns_the_studies_write() -> None:
         assert fields <= known, (source, fields - known)
         checked += 1
     assert checked >= 12
+
+
+def test_kept_run_records_resume_a_study_in_another_session(tmp_path: Path) -> None:
+    """A run's record (never its weights) kept in docs/results and restored on a fresh machine is read back by the
+    same sweep as finished, so a study spread over sessions resumes; a run present is never overwritten."""
+    from vitlab.cli import main as vitlab
+
+    runs, kept = tmp_path / "runs", tmp_path / "kept"
+    cmd = ["sweep", "--model", "vit_mnist", "--dataset", "mnist-5k", "--param", "depth", "--values", "1",
+           "--epochs", "1", "--limit-train", "64", "--limit-test", "64", "--threads", "1", "--no-progress",
+           "--output", str(runs / "sweep_depth")]
+    assert vitlab(cmd) == 0
+    run = runs / "sweep_depth" / "depth=1_seed=0"
+    assert (run / "model.safetensors").is_file()
+    assert len(_tables().keep_runs(runs, kept)) == 1
+    record = kept / "sweep_depth" / "depth=1_seed=0"
+    assert sorted(p.name for p in record.iterdir()) == ["config.json", "metrics.jsonl", "summary.json"]
+    shutil.rmtree(runs)  # the next session's machine: no runs/, only the committed records
+    assert _tables().restore_runs(kept, runs) == [str(run)]
+    assert _tables().restore_runs(kept, runs) == []  # present now: left alone
+    before = (run / "summary.json").read_text()
+    assert vitlab(cmd) == 0
+    assert not (run / "model.safetensors").exists()  # read back, not trained again
+    assert (run / "summary.json").read_text() == before
+    assert (runs / "sweep_depth" / "summary.csv").is_file()
