@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,15 +36,12 @@ from vitlab.train.batches import BatchPipeline
 from vitlab.train.config import AUGMENT_DEFAULTS, RunConfig, size_defaults
 from vitlab.train.evaluate import evaluate
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # time_to_accuracy beside this script, also when it is loaded by path (tests)
+    sys.path.insert(0, str(HERE))
+from time_to_accuracy import cpu_model  # noqa: E402  (one CPU-name reader for the time benchmarks)
+
 MEAN, STD = (0.1307,), (0.3081,)
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def one_epoch(model: nn.Module, opt: torch.optim.Optimizer, pipe: BatchPipeline, train: DataSplit, test: DataSplit,
