@@ -27,7 +27,6 @@ import contextlib
 import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 from dataclasses import asdict
@@ -122,7 +121,7 @@ def write_atomic(path: Path, text: str) -> None:
 def machine(device: str) -> str:
     if device == "cuda":
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    return (f"{platform.processor() or platform.machine()}, {perf.cpu_cores()} cores, torch {torch.__version__}, "
+    return (f"{perf.cpu_model()}, {perf.cpu_cores()} cores, torch {torch.__version__}, "
             f"timm {_timm_version()}, {DEFAULT_THREADS} default threads")
 
 

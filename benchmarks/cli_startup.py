@@ -18,24 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+from vitlab.perf import cpu_model
+
 ROWS = (
     ("python -c pass", ["-c", "pass"]),
     ("vitlab --help", ["-m", "vitlab", "--help"]),
     ("vitlab train --help", ["-m", "vitlab", "train", "--help"]),
     ('python -c "import torch"', ["-c", "import torch"]),
 )
-
-
-def cpu_name() -> str:
-    """The CPU's model name from ``lscpu`` (else the platform's processor string)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def wall_seconds(args: list[str]) -> float:
@@ -74,9 +64,9 @@ def main() -> int:
     rows = measure(args.runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cli_startup.json").write_text(json.dumps({"cpu": cpu_name(), "python": platform.python_version(),
+    (out / "cli_startup.json").write_text(json.dumps({"cpu": cpu_model(), "python": platform.python_version(),
                                                       "rows": rows}, indent=1) + "\n")
-    print(f"{cpu_name()}, Python {platform.python_version()}, median of {args.runs} fresh processes each\n")
+    print(f"{cpu_model()}, Python {platform.python_version()}, median of {args.runs} fresh processes each\n")
     print(table(rows))
     return 0
 

@@ -32,14 +32,10 @@ from torch import nn
 from vitlab.atomic import atomic_path
 from vitlab.data import DataSplit
 from vitlab.models import create_model
+from vitlab.perf import cpu_model
 from vitlab.train.batches import BatchPipeline
 from vitlab.train.config import AUGMENT_DEFAULTS, RunConfig, size_defaults
 from vitlab.train.evaluate import evaluate
-
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # time_to_accuracy beside this script, also when it is loaded by path (tests)
-    sys.path.insert(0, str(HERE))
-from time_to_accuracy import cpu_model  # noqa: E402  (one CPU-name reader for the time benchmarks)
 
 MEAN, STD = (0.1307,), (0.3081,)
 

@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from torch import nn
 import vitlab
 from vitlab.atomic import atomic_path
 from vitlab.errors import VitlabError
+from vitlab.perf import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -159,12 +158,7 @@ def markdown(r: dict) -> str:
 
 
 def machine() -> str:
-    try:
-        info = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        name = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration, subprocess.SubprocessError):
-        name = platform.processor() or platform.machine()
-    return f"{name}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def _timm_version() -> str:

@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.data import load_dataset, normalization, normalize
+from vitlab.perf import cpu_model
 from vitlab.train.batches import subset
 from vitlab.train.config import RunConfig
 from vitlab.train.engine import train
@@ -48,17 +48,6 @@ TIMM_MODEL = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_d
                   mlp_ratio=4.0, global_pool="avg", drop_path_rate=0.1)
 TIMM_RECIPE = dict(lr=2e-3, weight_decay=0.05, warmup_epochs=3, label_smoothing=0.1, clip_grad=1.0, batch_size=128,
                    min_lr=1e-5, degrees=12.0, scale=(0.9, 1.1), shear=8.0, translate=0.12)
-
-
-def cpu_model() -> str:
-    """The CPU's model name as ``lscpu`` shows it (from /proc/cpuinfo), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def load_average() -> float | None:

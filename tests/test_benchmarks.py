@@ -37,6 +37,26 @@ def _run_bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 # cpu_plan and the sliced steps: tests/test_slices.py
 
 
+def test_cpu_model_reads_the_model_name_and_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 1\n"
+                    "model name\t: AMD EPYC 7763 64-Core Processor\nflags\t\t: fpu\n")
+    assert perf.cpu_model(info) == "AMD EPYC 7763 64-Core Processor"  # not the "model" line before it
+    monkeypatch.setattr(perf.platform, "processor", lambda: "arm")
+    info.write_text("processor\t: 0\nmodel name\t:\n")  # an empty name (some ARM kernels) falls back
+    assert perf.cpu_model(info) == "arm"
+    assert perf.cpu_model(tmp_path / "missing") == "arm"  # not Linux
+    monkeypatch.setattr(perf.platform, "processor", lambda: "")
+    monkeypatch.setattr(perf.platform, "machine", lambda: "x86_64")
+    assert perf.cpu_model(tmp_path / "missing") == "x86_64"
+
+
+def test_benchmark_machine_lines_name_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every timing script quotes the CPU through perf.cpu_model, so a figure names its machine, not "x86_64"
+    monkeypatch.setattr(perf, "cpu_model", lambda *a: "Test CPU 9000")
+    assert _bench_module().machine("cpu").startswith("Test CPU 9000, ")
+
+
 def test_set_threads() -> None:
     before = torch.get_num_threads()
     try:
