@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _scripts import load_script
 from vitlab import perf
 from vitlab.errors import ConfigError
 
@@ -19,12 +19,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
 
 
 def _bench_module():
-    if "vitlab_bench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("vitlab_bench", BENCH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vitlab_bench"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["vitlab_bench"]
+    return load_script("bench")
 
 
 def _run_bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from _scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "findings.md"
 SCRIPT = ROOT / "benchmarks" / "findings_tables.py"
@@ -19,12 +20,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)\)")
 
 
 def _tables():
-    if "vitlab_findings_tables" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("vitlab_findings_tables", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vitlab_findings_tables"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["vitlab_findings_tables"]
+    return load_script("findings_tables")
 
 
 def _copy_docs(tmp_path: Path) -> Path:

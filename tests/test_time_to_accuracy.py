@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "time_to_accuracy.py"
+from _scripts import load_script
 
 
 def _module():
-    if "vitlab_tta" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("vitlab_tta", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vitlab_tta"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["vitlab_tta"]
+    return load_script("time_to_accuracy")
 
 
 def test_milestones_sum_seconds_until_the_first_epoch_at_the_threshold():
@@ -50,10 +42,7 @@ def test_quick_run_writes_markdown_and_json(tmp_path, capsys):
 
 def test_epoch_breakdown_quick_writes_shares_that_add_up(tmp_path):
     """benchmarks/epoch_breakdown.py: the three parts are timed, positive, and their shares sum to one."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "epoch_breakdown.py"
-    spec = importlib.util.spec_from_file_location("vitlab_epoch_breakdown", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("epoch_breakdown")
     threads = torch.get_num_threads()
     try:
         assert module.main(["--quick", "--out", str(tmp_path)]) == 0

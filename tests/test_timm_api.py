@@ -3,9 +3,7 @@ prune_intermediate_layers, set_grad_checkpointing, group_matcher and layer-wise 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from timm.optim._param_groups import param_groups_layer_decay
 from torch import nn
 
 import vitlab
+from _scripts import load_script
 from vitlab.checkpoint import load_train_state
 from vitlab.cli import main
 from vitlab.errors import ConfigError
@@ -338,16 +337,10 @@ def test_train_cli_refuses_a_bad_layer_decay(tmp_path: Path, capsys: pytest.Capt
 
 # ------------------------------------------------------------------------------------ the benchmark script
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "grad_checkpointing.py"
 
 
 def _bench_module():
-    if "vitlab_bench_ckpt" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("vitlab_bench_ckpt", BENCH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vitlab_bench_ckpt"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["vitlab_bench_ckpt"]
+    return load_script("grad_checkpointing")
 
 
 def test_grad_checkpointing_benchmark_smoke(tmp_path: Path) -> None:
