@@ -167,21 +167,11 @@ class Runner:
             self.step()
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated()
-        from torch.profiler import ProfilerActivity, profile
-
         live = [*self.model.parameters(), *self.model.buffers(), self.x, self.y]
         if self.mode == "train":
             live += [v for s in self.opt.state.values() for v in s.values() if torch.is_tensor(v)]
         base = sum(t.numel() * t.element_size() for t in live)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            self._memory_step()
-        events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                        key=lambda e: e.start_ns())
-        cur = high = 0
-        for e in events:
-            cur += e.nbytes()
-            high = max(high, cur)
-        return base + high
+        return base + perf.cpu_peak_bytes(self._memory_step)
 
     def _memory_step(self) -> None:
         """The step, for the memory profiler, which sees only this thread: concurrent slices are replayed

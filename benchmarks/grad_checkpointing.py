@@ -35,7 +35,7 @@ from torch import nn
 import vitlab
 from vitlab.atomic import atomic_path
 from vitlab.errors import VitlabError
-from vitlab.perf import cpu_model
+from vitlab.perf import cpu_model, cpu_peak_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -61,19 +61,10 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor, *, checkpointing: 
 
 def peak_step_bytes(model: nn.Module, x: torch.Tensor, *, checkpointing: bool) -> int:
     """High-water mark of the tensor memory allocated during one forward + backward (CPU memory profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
     model.set_grad_checkpointing(checkpointing)
     model.zero_grad(set_to_none=True)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss_of(model, x).backward()
+    high = cpu_peak_bytes(lambda: loss_of(model, x).backward())
     model.zero_grad(set_to_none=True)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    cur = high = 0
-    for e in events:
-        cur += e.nbytes()
-        high = max(high, cur)
     return high
 
 

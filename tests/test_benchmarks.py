@@ -46,6 +46,24 @@ def test_cpu_model_reads_the_model_name_and_falls_back(tmp_path: Path, monkeypat
     assert perf.cpu_model(tmp_path / "missing") == "x86_64"
 
 
+def test_cpu_peak_bytes_is_the_high_water_mark_not_the_sum() -> None:
+    n = 1 << 20  # 4 MiB of float32 each
+
+    def two_at_once() -> None:
+        a, b = torch.ones(n), torch.ones(n)
+        del a, b
+
+    def one_after_another() -> None:
+        for _ in range(3):
+            a = torch.ones(n)
+            del a
+
+    mib = 4 * n
+    assert mib * 2 <= perf.cpu_peak_bytes(two_at_once) < mib * 3
+    assert mib <= perf.cpu_peak_bytes(one_after_another) < mib * 2  # freed in between: not 3x
+    assert perf.cpu_peak_bytes(lambda: None) == 0
+
+
 def test_benchmark_machine_lines_name_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     # every timing script quotes the CPU through perf.cpu_model, so a figure names its machine, not "x86_64"
     monkeypatch.setattr(perf, "cpu_model", lambda *a: "Test CPU 9000")

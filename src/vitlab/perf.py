@@ -31,8 +31,9 @@ from torch import Tensor, nn
 from vitlab.errors import ConfigError
 from vitlab.slice_rng import _local, slice_generator
 
-__all__ = ["CpuPlan", "adamw", "batch_coupled", "cpu_cores", "cpu_model", "cpu_plan", "fused_adamw_supported",
-           "rng_is_thread_safe", "set_threads", "slice_bounds", "slice_generator", "sliced_backward", "sliced_forward"]
+__all__ = ["CpuPlan", "adamw", "batch_coupled", "cpu_cores", "cpu_model", "cpu_peak_bytes", "cpu_plan",
+           "fused_adamw_supported", "rng_is_thread_safe", "set_threads", "slice_bounds", "slice_generator",
+           "sliced_backward", "sliced_forward"]
 
 # below this many tokens per process (rows of its GEMMs) a slice of the batch cannot keep a core busy
 MIN_TOKENS_PER_PROC = 256
@@ -60,6 +61,23 @@ def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_peak_bytes(fn: Callable[[], object]) -> int:
+    """High-water mark of the tensor memory that ``fn()`` allocates on the CPU above what was live before it,
+    from torch's memory profiler (it sees the calling thread only). Tensors freed inside ``fn`` count while they
+    live, as an allocator would; the CUDA counterpart is ``torch.cuda.max_memory_allocated``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    current = high = 0
+    for e in events:
+        current += e.nbytes()
+        high = max(high, current)
+    return high
 
 
 def set_threads(threads: int | None) -> int:
