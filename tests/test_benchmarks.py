@@ -197,3 +197,24 @@ def test_cpu_time_unknown_section_is_one_clear_error() -> None:
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "unknown sections ['gleu']; choose from" in proc.stderr
+
+
+def test_denormals_benchmark_times_both_modes_and_says_where(tmp_path: Path) -> None:
+    from vitlab.train.config import RunConfig
+    from vitlab.train.engine import train
+
+    run = tmp_path / "run"
+    train(RunConfig(epochs=1, limit_train=64, limit_test=32, batch_size=32, threads=1, progress=False,
+                    model_overrides={"depth": 1, "embed_dim": 16, "num_heads": 2}, output=str(run)))
+    threads = torch.get_num_threads()
+    try:
+        assert load_script("denormals").main(["--checkpoint", str(run), "--batch", "4", "--steps", "1",
+                                              "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads((tmp_path / "denormals.json").read_text())
+    assert set(report["step_s"]) == {"trained, exact", "trained, flushed", "fresh, exact", "fresh, flushed"}
+    assert all(s > 0 for s in report["step_s"].values()) and report["slowdown_trained"] > 0
+    assert set(report["denormals_trained"]) == {"forward", "backward"}
+    assert "| trained |" in (tmp_path / "denormals.md").read_text()
+    assert not perf.flushes_denormals()

@@ -222,3 +222,23 @@ def test_trainer_refuses_slices_it_cannot_honour(tmp_path, capsys, extra, match)
     err = capsys.readouterr().err
     assert err.startswith("vitlab train: error: ") and err.count("\n") == 1 and match in err
     assert not out.exists()
+
+
+def test_flush_denormals_restores_and_reaches_the_slice_workers() -> None:
+    def seen(x: torch.Tensor) -> torch.Tensor:  # per slice: whether its thread flushes, and a denormal product
+        return torch.tensor([[float(perf.flushes_denormals()), (torch.tensor([1e-39]) * 2).item()]] * len(x))
+
+    x = torch.zeros(4, 1)
+    assert not perf.flushes_denormals()
+    off = perf.sliced_forward(seen, x, 2)  # starts the slice threads outside the block
+    assert off[:, 0].eq(0).all() and off[:, 1].gt(0).all()
+    with perf.flush_denormals():
+        assert perf.flushes_denormals() and (torch.tensor([1e-39]) * 2).item() == 0.0
+        on = perf.sliced_forward(seen, x, 2)  # the same, already running, workers now flush too
+        with perf.flush_denormals(False):  # nested: off inside, on again after
+            assert not perf.flushes_denormals()
+        assert perf.flushes_denormals()
+    assert on[:, 0].eq(1).all() and on[:, 1].eq(0).all()
+    assert not perf.flushes_denormals()
+    again = perf.sliced_forward(seen, x, 2)  # and back off in the workers
+    assert again[:, 0].eq(0).all()

@@ -417,3 +417,21 @@ def test_defaults_depend_on_size_and_kind():
 def test_bad_run_values_are_refused(changes, match):
     with pytest.raises(ConfigError, match=match):
         RunConfig(**changes).resolve(100)
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_training_flushes_denormals_on_cpu_unless_told_and_restores_the_flag(tmp_path: Path, flush: bool) -> None:
+    from vitlab import perf
+
+    seen = []
+    cfg = RunConfig(epochs=1, **{**TINY_CFG, "limit_train": 128}, threads=1, flush_denormal=flush,
+                    output=str(tmp_path / "run"))
+    train(cfg, on_step=lambda trainer: seen.append(perf.flushes_denormals()))
+    assert seen and set(seen) == {flush}
+    assert not perf.flushes_denormals()  # the process's setting is back
+
+
+def test_keep_denormals_flag_reaches_the_run_config(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert run_cli(*TINY, "--epochs", "1", "--keep-denormals", "--output", str(out)) == 0
+    assert read_config(out)["run"]["flush_denormal"] is False

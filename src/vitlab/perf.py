@@ -18,10 +18,11 @@ processes only change how the same arithmetic is scheduled.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -32,8 +33,8 @@ from vitlab.errors import ConfigError
 from vitlab.slice_rng import _local, slice_generator
 
 __all__ = ["CpuPlan", "adamw", "batch_coupled", "cpu_cores", "cpu_model", "cpu_peak_bytes", "cpu_plan",
-           "fused_adamw_supported", "rng_is_thread_safe", "set_threads", "slice_bounds", "slice_generator",
-           "sliced_backward", "sliced_forward"]
+           "flush_denormals", "flushes_denormals", "fused_adamw_supported", "rng_is_thread_safe", "set_threads",
+           "slice_bounds", "slice_generator", "sliced_backward", "sliced_forward"]
 
 # below this many tokens per process (rows of its GEMMs) a slice of the batch cannot keep a core busy
 MIN_TOKENS_PER_PROC = 256
@@ -78,6 +79,27 @@ def cpu_peak_bytes(fn: Callable[[], object]) -> int:
         current += e.nbytes()
         high = max(high, current)
     return high
+
+
+def flushes_denormals() -> bool:
+    """Whether this thread's CPU arithmetic flushes denormal floats (below 1.2e-38 in float32) to zero."""
+    return (torch.tensor([1e-39], dtype=torch.float32) * 2).item() == 0.0
+
+
+@contextlib.contextmanager
+def flush_denormals(on: bool = True) -> Iterator[None]:
+    """Flush denormal floats to zero on the CPU inside the block (``torch.set_flush_denormal``), then restore
+    the previous setting. Denormals are computed in microcode, tens of times slower than normal floats; a trained
+    transformer's activations and gradients hold enough of them (the tails of softmax and GELU) to make a CPU
+    training step of timm's ViT-Tiny 1.8x slower late in training than at its start (benchmarks/README.md,
+    "Denormal floats"). Flushing changes only values below 1.2e-38. The flag is per thread: threads started
+    inside the block inherit it, and vitlab's slice workers copy the caller's."""
+    before = flushes_denormals()
+    torch.set_flush_denormal(on)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)
 
 
 def set_threads(threads: int | None) -> int:
@@ -193,7 +215,7 @@ def batch_coupled(model: nn.Module) -> bool:
 def _run_slices(work: Callable[[int, int], object], bounds: Sequence[tuple[int, int]],
                 generators: Sequence[torch.Generator | None]) -> list:
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    threads = torch.get_num_threads()
+    threads, flush = torch.get_num_threads(), flushes_denormals()
 
     def one(i: int):  # grad and inference mode are per thread: carry the caller's over
         if getattr(_local, "threads", None) != threads:
@@ -201,6 +223,9 @@ def _run_slices(work: Callable[[int, int], object], bounds: Sequence[tuple[int, 
             # keep extra OpenMP workers around that slowed later multi-threaded steps 1.4x in benchmarks)
             torch.set_num_threads(threads)
             _local.threads = threads
+        if getattr(_local, "flush", None) != flush:  # the floating-point mode is per thread too
+            torch.set_flush_denormal(flush)
+            _local.flush = flush
         _local.generator = generators[i]
         try:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):

@@ -81,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--slices", type=int, default=S, metavar="N",
                    help="CPU: split each batch into N slices computed at once on N threads (default: one per "
                    "core for small models when the batch splits evenly; 1 when --threads is given)")
+    g.add_argument("--keep-denormals", dest="flush_denormal", action="store_false", default=S,
+                   help="CPU: compute denormal floats exactly (default: flush them to zero, which keeps late "
+                   "epochs from slowing down; vitlab.perf.flush_denormals)")
     g.add_argument("--eval-batch-size", type=int, default=S)
     g.add_argument("--checkpoint-every", type=int, default=S, metavar="N", help="also save every N steps")
     g.add_argument("--skip-nonfinite", action="store_true", default=S, help="skip steps with a NaN/inf loss")

@@ -111,6 +111,7 @@ class RunConfig:
     compile: bool = False
     threads: int | None = None  # torch intra-op threads (None: torch's default, or cores / processes)
     slices: int | None = None  # CPU: the batch as N concurrent slices (None: vitlab.perf.cpu_plan's choice)
+    flush_denormal: bool = True  # CPU: denormal floats computed as zero (vitlab.perf.flush_denormals)
     eval_batch_size: int = 1000
     checkpoint_every: int = 0  # also save every N steps (0: only at epoch ends)
     skip_nonfinite: bool = False

@@ -8,6 +8,7 @@ stops the run (or with ``skip_nonfinite`` skips the step) and keeps the last goo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -290,6 +291,13 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ loop
 
     def fit(self) -> TrainResult:
+        """Train to the last epoch (or a stop), on the CPU with denormal floats flushed to zero unless
+        ``flush_denormal=False`` (``--keep-denormals``); the process's previous setting is restored after."""
+        flush = self.cfg.flush_denormal and self.device.type == "cpu"
+        with perf.flush_denormals() if flush else contextlib.nullcontext():
+            return self._fit()
+
+    def _fit(self) -> TrainResult:
         cfg, p = self.cfg, self.progress
         logger = None
         status = "failed"

@@ -24,6 +24,7 @@ from vitlab.train.config import _coerce_value, numeric
 RESULT_NEUTRAL: frozenset[str] = frozenset({
     "output", "progress", "logger",  # where the outputs go and how they are shown or tracked
     "device", "threads", "slices", "compile",  # how it runs (slices are bit-exact, vitlab.perf)
+    "flush_denormal",  # changes only values below 1.2e-38, never a reported number
     "data_dir", "download",  # where the data comes from
     "eval_batch_size", "checkpoint_every",  # evaluation in chunks, extra saves
     "skip_nonfinite",  # what a failed step does; a finished run without skipped steps is the same either way
