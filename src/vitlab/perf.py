@@ -90,8 +90,8 @@ def flushes_denormals() -> bool:
 def flush_denormals(on: bool = True) -> Iterator[None]:
     """Flush denormal floats to zero on the CPU inside the block (``torch.set_flush_denormal``), then restore
     the previous setting. Denormals are computed in microcode, tens of times slower than normal floats; a trained
-    transformer's activations and gradients hold enough of them (the tails of softmax and GELU) to make a CPU
-    training step of timm's ViT-Tiny 1.8x slower late in training than at its start (benchmarks/README.md,
+    transformer's gradients hold enough of them (none were found in its forward outputs) to make a CPU training
+    step of timm's ViT-Tiny 1.9x slower late in training than at its start (benchmarks/README.md,
     "Denormal floats"). Flushing changes only values below 1.2e-38. The flag is per thread: threads started
     inside the block inherit it, and vitlab's slice workers copy the caller's."""
     before = flushes_denormals()
