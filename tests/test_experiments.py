@@ -55,7 +55,8 @@ class FakeTrainer:
     def __call__(self, cfg: RunConfig, init: str | None = None) -> dict:
         self.calls.append(cfg)
         summary = {"final_test_acc": self.acc(cfg), "best_test_acc": self.acc(cfg), "train_time_s": 1.0 + cfg.seed,
-                   "wall_time_s": 2.0 + cfg.seed, "epochs": 1, "params": 1000, "macs": 5000}
+                   "train_cpu_s": 0.5 + cfg.seed, "wall_time_s": 2.0 + cfg.seed, "epochs": 1, "params": 1000,
+                   "macs": 5000}
         (Path(cfg.output) / "summary.json").write_text(json.dumps(summary))
         return summary
 
@@ -321,6 +322,7 @@ def test_sweep_tables_and_figure_numbers(tmp_path: Path):
         assert float(summary[key]["test_acc_mean"]) == pytest.approx(statistics.fmean(values))
         assert float(summary[key]["test_acc_std"]) == pytest.approx(statistics.stdev(values))
         assert float(summary[key]["train_time_s_mean"]) == pytest.approx(2.0)  # seeds 0, 1, 2 -> 1, 2, 3 s
+        assert float(summary[key]["train_cpu_s_mean"]) == pytest.approx(1.5)
     series = figure_series(aggregate_rows(result["rows"], params), params[0], params)
     assert [s.label for s in series] == ["depth=1", "depth=2"]
     assert series[0].x == [16, 32]
@@ -469,7 +471,8 @@ def test_depth_study_curves_average_over_seeds():
     for variant, depth, seed, acc in (("vit", 8, 0, 0.90), ("vit", 8, 1, 0.94), ("vit", 4, 0, 0.95),
                                       ("vit", 4, 1, 0.97), ("cait", 4, 0, 0.96), ("cait", 8, 0, 0.98)):
         rows.append({"variant": variant, "depth": depth, "seed": seed, "test_acc": acc, "best_test_acc": acc,
-                     "train_time_s": 1.0, "params": depth, "macs": 2 * depth, "mean_similarity": acc / 2,
+                     "train_time_s": 1.0, "train_cpu_s": 0.9, "params": depth, "macs": 2 * depth,
+                     "mean_similarity": acc / 2,
                      "similar_fraction": 0.5, "mean_similar_blocks": 1.0, "ratio_attn_mean": 0.1,
                      "ratio_mlp_mean": 0.2, "mean_similarity_pre_mix": float("nan"),
                      "similar_fraction_pre_mix": float("nan"), "mean_similar_blocks_pre_mix": float("nan")})
@@ -480,6 +483,27 @@ def test_depth_study_curves_average_over_seeds():
     assert stds == pytest.approx([statistics.stdev([0.95, 0.97]), statistics.stdev([0.90, 0.94])])
     assert lines["cait"] == ([4, 8], pytest.approx([0.96, 0.98]), [0.0, 0.0])
     assert curves(depth_aggregate(rows), "mean_similarity", ["vit"])["vit"][1] == pytest.approx([0.48, 0.46])
+
+
+def test_depth_study_similar_blocks_per_layer(tmp_path: Path):
+    from vitlab.experiments.depth_study import plot_similar_blocks, similar_block_lines
+
+    rows = []
+    for seed, counts in ((0, [2, 1, 0]), (1, [0, 1, 2])):
+        for layer, c in enumerate(counts):
+            rows.append({"variant": "deepvit", "depth": 3, "seed": seed, "maps": "recorded",
+                         "group": "self_attention", "layer": layer, "similar_blocks": c})
+            rows.append({"variant": "deepvit", "depth": 3, "seed": seed, "maps": "pre_mix",
+                         "group": "self_attention", "layer": layer, "similar_blocks": 2})
+    rows.append({"variant": "cait", "depth": 3, "seed": 0, "maps": "recorded", "group": "class_attention",
+                 "layer": 3, "similar_blocks": 1})
+    rows.append({"variant": "vit", "depth": 6, "seed": 0, "maps": "recorded", "group": "self_attention",
+                 "layer": 0, "similar_blocks": 5})
+    lines = similar_block_lines(rows, 3, ["vit", "cait", "deepvit"])
+    assert lines == {"deepvit": ([0, 1, 2], [1.0, 1.0, 1.0]), "deepvit pre-mix": ([0, 1, 2], [2.0, 2.0, 2.0])}
+    assert similar_block_lines(rows, 6, ["vit"]) == {"vit": ([0], [5.0])}
+    path = plot_similar_blocks(rows, ["vit", "cait", "deepvit"], [3, 6], 0.9, tmp_path / "similar.png")
+    assert path.stat().st_size > 0
 
 
 def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):

@@ -34,3 +34,15 @@ def test_terminal_gets_the_live_bar(tmp_path, monkeypatch):
     assert main(["train", *TINY, "--output", str(tmp_path / "run")]) == 0
     assert "\r" in err.getvalue() and "epoch 1/2" in err.getvalue()
     assert "\r" not in out.getvalue()
+
+
+def test_progress_cpu_time_is_unknown_after_an_older_record():
+    from vitlab.train.progress import Progress
+
+    p = Progress()
+    p.restore({"epoch": 3, "train_time_s": 12.0, "train_cpu_s": 10.5})
+    assert p.train_cpu_s == 10.5 and p.epoch == 3
+    old = Progress()
+    old.restore({"epoch": 3, "train_time_s": 12.0})  # saved before CPU time was counted
+    assert old.train_cpu_s is None and old.train_time_s == 12.0
+    assert Progress().train_cpu_s == 0.0

@@ -180,6 +180,7 @@ SUMMARY_KEYS = {  # the column a study writes -> the keys of the trainer's summa
     "test_acc": ("final_test_acc", "test_acc"),
     "best_test_acc": ("best_test_acc",),
     "train_time_s": ("train_time_s",),
+    "train_cpu_s": ("train_cpu_s",),
     "wall_time_s": ("wall_time_s",),
     "epochs": ("epochs",),
     "params": ("params",),

@@ -28,7 +28,7 @@ from vitlab.experiments.common import (
 )
 
 SKIP = ("-", "none", "")
-VALUES = ("test_acc", "best_test_acc", "train_time_s", "wall_time_s")
+VALUES = ("test_acc", "best_test_acc", "train_time_s", "train_cpu_s", "wall_time_s")
 
 
 @dataclass

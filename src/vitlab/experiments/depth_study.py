@@ -209,12 +209,12 @@ def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
 
 DIAG_VALUES = ("mean_similarity", "similar_fraction", "mean_similar_blocks", "mean_similarity_pre_mix",
                "similar_fraction_pre_mix", "mean_similar_blocks_pre_mix", "ratio_attn_mean", "ratio_mlp_mean")
-VALUES = ("test_acc", "best_test_acc", "train_time_s") + DIAG_VALUES
+VALUES = ("test_acc", "best_test_acc", "train_time_s", "train_cpu_s") + DIAG_VALUES
 
 
 def result_row(spec: RunSpec, summary: dict, diag: dict[str, Any]) -> dict[str, Any]:
     row = {k: spec.info[k] for k in ("variant", "depth", "seed")}
-    for key in ("test_acc", "best_test_acc", "train_time_s", "params", "macs"):
+    for key in ("test_acc", "best_test_acc", "train_time_s", "train_cpu_s", "params", "macs"):
         row[key] = summary_value(summary, key)
     row["params"], row["macs"] = int(row["params"]), int(row["macs"])
     row.update(diagnostic_columns(diag))
@@ -320,6 +320,53 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def similar_block_lines(layer_rows: list[dict[str, Any]], depth: int,
+                        variants: list[str]) -> dict[str, tuple[list[int], list[float]]]:
+    """``{label: (layers, mean similar blocks)}`` at ``depth``: for each self-attention layer, how many other
+    layers have a map above the threshold (DeepViT's "number of similar blocks"), averaged over seeds. One line
+    per variant from its recorded maps, plus ``"<variant> pre-mix"`` for re-attention's softmax maps."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for variant in variants:
+        for maps, label in (("recorded", variant), ("pre_mix", f"{variant} pre-mix")):
+            rows = [r for r in layer_rows if r["variant"] == variant and r["depth"] == depth
+                    and r["maps"] == maps and r["group"] == "self_attention"]
+            layers = sorted({r["layer"] for r in rows})
+            if layers:
+                out[label] = (layers, [_mean([r["similar_blocks"] for r in rows if r["layer"] == x])
+                                       for x in layers])
+    return out
+
+
+def plot_similar_blocks(layer_rows: list[dict[str, Any]], variants: list[str], depths: list[int], threshold: float,
+                        path: str | Path) -> Path:
+    """Number of similar blocks per self-attention layer, one panel per depth (re-attention's maps before the
+    head mix dashed): the per-layer view of attention collapse."""
+    import matplotlib as mpl
+    from matplotlib.ticker import MaxNLocator
+
+    from vitlab.analysis.plots import new_figure, save
+
+    fig = new_figure(4.6 * len(depths), 3.8)
+    axes = fig.subplots(1, len(depths), squeeze=False)[0]
+    colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {v: colors[i % len(colors)] for i, v in enumerate(variants)}
+    for ax, depth in zip(axes, depths):
+        for label, (layers, counts) in similar_block_lines(layer_rows, depth, variants).items():
+            variant = label.removesuffix(" pre-mix")
+            ax.plot(layers, counts, "--" if label.endswith("pre-mix") else "-", marker=".", color=color[variant],
+                    label=label)
+        ax.set_ylim(-0.5, max(depth - 1, 1) + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("self-attention layer")
+        ax.set_title(f"depth {depth}")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel(f"similar blocks (cosine > {threshold:g})")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("similar blocks per layer, mean over seeds\n(dashed: re-attention before the head mix)", fontsize=10)
+    return save(fig, path)
+
+
 def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Path) -> Path:
     """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0), plus
     one of re-attention's softmax maps before the head mix ("pre-mix"), three panels per row."""
@@ -376,7 +423,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     plot_against_depth(agg, variants, collapse_panels, out / "collapse_vs_depth.png",
                        "attention collapse (self-attention maps)")
     plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
-    figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png"]
+    plot_similar_blocks(layer_rows, variants, depths, threshold, out / "similar_blocks.png")
+    figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similar_blocks.png"]
     sim_name = f"similarity_depth{max(depths)}.png"
     if deepest:
         plot_similarity(deepest, max(depths), out / sim_name)
@@ -402,7 +450,9 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         Section("Attention collapse", "Mean cosine similarity between the attention maps of different "
                 "self-attention layers (Zhou et al. 2021, DeepViT: same head, same key token, compared over "
                 f"queries), and the share of layers that have at least one other layer above {threshold:g}. Rising "
-                f"curves mean the extra blocks repeat the same attention.{pre_mix_text}", ["collapse_vs_depth.png"]
+                f"curves mean the extra blocks repeat the same attention.{pre_mix_text} The per-layer figure "
+                "counts, for each layer, the other layers whose maps are above the threshold (DeepViT's number of "
+                "similar blocks).", ["collapse_vs_depth.png", "similar_blocks.png"]
                 + ([sim_name] if deepest else []), ["collapse_layers.csv"]),
         Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (Touvron et al. "
                 "2021, CaiT), mean over the test images used for the diagnostics and over seeds.",

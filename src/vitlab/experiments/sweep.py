@@ -38,7 +38,7 @@ MODEL, RUN = "model", "run"
 SWEEPABLE_RUN = ("epochs", "batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing",
                  "clip_grad", "drop_path", "drop_path_rule", "ema_decay", "degrees", "shear", "translate",
                  "erase_prob", "hflip", "pad_crop", "mixup", "cutmix", "limit_train", "layer_decay")
-VALUES = ("test_acc", "best_test_acc", "train_time_s", "wall_time_s")
+VALUES = ("test_acc", "best_test_acc", "train_time_s", "train_cpu_s", "wall_time_s")
 
 
 @dataclass

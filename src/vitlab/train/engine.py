@@ -348,9 +348,11 @@ class Trainer:
         self.train_model.train()
         try:
             while p.step < self.steps_per_epoch:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 loss = self._train_step(epoch, p.step, order)
                 p.train_time_s += time.perf_counter() - start
+                if p.train_cpu_s is not None:
+                    p.train_cpu_s += time.process_time() - cpu
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.scheduler.get_last_lr():.2e}",
@@ -478,7 +480,7 @@ class Trainer:
         return {"model": self.cfg.model, "dataset": self.cfg.dataset, "epochs": p.epoch,
                 "steps": p.global_step, **judged, "best_epoch": p.best_epoch,
                 "train_images_per_second": p.train_images / max(p.train_time_s, 1e-9),
-                "wall_time_s": p.wall_time_s, "train_time_s": p.train_time_s,
+                "wall_time_s": p.wall_time_s, "train_time_s": p.train_time_s, "train_cpu_s": p.train_cpu_s,
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
                 "flops": 2 * macs if macs is not None else None, "skipped_steps": p.skipped_steps,
                 "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads(),

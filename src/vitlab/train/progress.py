@@ -20,6 +20,9 @@ class Progress:
     best_test_acc: float = 0.0
     best_epoch: int = 0
     train_time_s: float = 0.0
+    # CPU seconds of the training steps, all threads of this process (on a GPU: the host's share); unlike
+    # train_time_s it does not grow when other work shares the cores. None: resumed from a record without it.
+    train_cpu_s: float | None = 0.0
     wall_time_s: float = 0.0
     train_images: float = 0
     skipped_steps: int = 0
@@ -34,6 +37,8 @@ class Progress:
         for f in dataclasses.fields(self):
             if f.name in saved:
                 setattr(self, f.name, saved[f.name])
+        if "train_cpu_s" not in saved:  # counted from the start or not at all
+            self.train_cpu_s = None
 
     def end_epoch(self, test_loss: float, test_acc: float) -> None:
         """Record the evaluation of the epoch just trained and start the next one."""
