@@ -92,6 +92,37 @@ def test_a_trained_checkpoint_carries_its_normalisation(checkpoint, tmp_path) ->
     assert rgb.pretrained_cfg["input_size"] == (3, 28, 28) and rgb.pretrained_cfg["mean"] == MNIST_STATS[0] * 3
 
 
+def test_a_timm_model_built_at_another_size_reports_that_size(tmp_path) -> None:
+    from vitlab.checkpoint import create_timm
+    from vitlab.checkpoint.data_config import apply_checkpoint_config
+
+    # timm itself keeps the default size's pretrained_cfg (3x224x224, three means, 1000 classes)
+    plain = timm.create_model("vit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, num_classes=10)
+    assert plain.pretrained_cfg["input_size"] == (3, 224, 224)
+    m = create_timm("vit_tiny_patch16_224", dict(img_size=28, patch_size=7, in_chans=1, num_classes=10))
+    cfg = timm.data.resolve_data_config({}, model=m)
+    assert cfg["input_size"] == (1, 28, 28) and cfg["mean"] == (0.5,) and cfg["std"] == (0.5,)
+    assert m.pretrained_cfg["num_classes"] == 10 and m.default_cfg is m.pretrained_cfg
+    assert m(torch.zeros(2, *cfg["input_size"])).shape == (2, 10)  # the pipeline fits the model
+    rect = create_timm("vit_tiny_patch16_224", dict(img_size=(32, 48), patch_size=8, in_chans=3, num_classes=5))
+    assert rect.pretrained_cfg["input_size"] == (3, 32, 48)
+    assert rect.pretrained_cfg["mean"] == plain.pretrained_cfg["mean"]  # same channel count: unchanged
+    # a vitlab run's statistics now reach a one-channel timm model (they were refused as the wrong count)
+    apply_checkpoint_config(m, {"format": "vitlab-checkpoint/1", "run": {"data": {"mean": [0.1307],
+                                                                                   "std": [0.3081]}}})
+    assert (m.pretrained_cfg["mean"], m.pretrained_cfg["std"]) == MNIST_STATS
+    assert m.pretrained_cfg["input_size"] == (1, 28, 28)
+
+
+def test_channel_statistics() -> None:
+    from vitlab.models.pretrained_cfg import channel_statistics
+
+    assert channel_statistics((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), 1) == ((0.5,), (0.5,))
+    assert channel_statistics((0.1307,), (0.3081,), 3) == ((0.1307,) * 3, (0.3081,) * 3)
+    assert channel_statistics((0.2, 0.4), (0.1, 0.3), 4) == ((0.3,) * 4, (0.2,) * 4)
+    assert channel_statistics((0.1, 0.2, 0.3), (0.1, 0.1, 0.1), 3) == ((0.1, 0.2, 0.3), (0.1, 0.1, 0.1))
+
+
 def test_the_models_statistics_are_the_data_sets() -> None:
     from vitlab.data import normalization
     from vitlab.models.pretrained_cfg import PRESET_STATS, imagenet_statistics

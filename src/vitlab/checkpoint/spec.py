@@ -14,6 +14,7 @@ from torch import nn
 
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.models import ModelConfig, VitlabModel, build_model
+from vitlab.models.pretrained_cfg import fit_timm_pretrained_cfg
 
 TIMM_PREFIX = "timm:"
 
@@ -100,6 +101,7 @@ def create_timm(name: str, kwargs: dict[str, Any]) -> nn.Module:
     except (AssertionError, RuntimeError, ValueError) as exc:
         msg = str(exc).replace("\n", " ") or type(exc).__name__
         raise ConfigError(f"timm cannot build {name} with {kwargs} ({msg}); change the size options") from exc
+    fit_timm_pretrained_cfg(model, kwargs)  # timm keeps the default size's; timm.data should see this model's
     model.vitlab_spec = ModelSpec(timm=name, kwargs=kwargs)
     return model
 

@@ -25,15 +25,52 @@ VITLAB_PIPELINE = {"interpolation": "bilinear", "crop_pct": 1.0}
 TIMM_VIT_PIPELINE = {"interpolation": "bicubic", "crop_pct": 0.9}
 
 
-def imagenet_statistics(in_chans: int) -> Stats:
-    """ImageNet's (mean, std) at ``in_chans`` channels: 1 takes the luminance-weighted values (as vitlab.data
-    converts RGB statistics), other counts than 1 and 3 the channel average repeated."""
-    mean, std = IMAGENET
-    if in_chans == 3:
+def channel_statistics(mean: tuple[float, ...], std: tuple[float, ...], in_chans: int) -> Stats:
+    """(mean, std) given per channel, at ``in_chans`` channels: unchanged at the same count; RGB to one channel
+    takes the luminance-weighted values (as vitlab.data converts RGB statistics); one channel is repeated;
+    any other change repeats the channel average."""
+    mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    if len(mean) == in_chans:
         return mean, std
-    if in_chans == 1:
+    if in_chans == 1 and len(mean) == 3:
         return (round(sum(w * m for w, m in zip(LUMA, mean)), 4),), (round(sum(w * s for w, s in zip(LUMA, std)), 4),)
-    return (round(sum(mean) / 3, 4),) * in_chans, (round(sum(std) / 3, 4),) * in_chans
+    if len(mean) == 1:
+        return mean * in_chans, std * in_chans
+    return (round(sum(mean) / len(mean), 4),) * in_chans, (round(sum(std) / len(std), 4),) * in_chans
+
+
+def imagenet_statistics(in_chans: int) -> Stats:
+    """ImageNet's (mean, std) at ``in_chans`` channels (:func:`channel_statistics`)."""
+    return channel_statistics(*IMAGENET, in_chans)
+
+
+def fit_timm_pretrained_cfg(model: nn.Module, kwargs: dict[str, Any]) -> nn.Module:
+    """Make a timm model's ``pretrained_cfg`` describe the model that ``timm.create_model(name, **kwargs)`` built.
+
+    timm keeps the architecture's default ``pretrained_cfg`` when a model is built at another size: a ViT-Tiny
+    built with ``img_size=28, in_chans=1, num_classes=10`` still reports ``input_size (3, 224, 224)``, three
+    channel means and 1000 classes, so ``timm.data.resolve_data_config(model=m)`` makes a pipeline the model
+    cannot take. Here the input size, the channel count of the statistics and the class count follow
+    ``kwargs``; a ``test_input_size`` for the default size is dropped when the size changes."""
+    old = dict(getattr(model, "pretrained_cfg", None) or {})
+    if not old:
+        return model
+    c, h, w = old.get("input_size") or (3, 224, 224)
+    in_chans = int(kwargs.get("in_chans", c))
+    new = dict(old)
+    size = kwargs.get("img_size")
+    if size is not None:
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        new.pop("test_input_size", None)
+    new["input_size"] = (in_chans, int(h), int(w))
+    if old.get("mean") is not None and old.get("std") is not None:
+        new["mean"], new["std"] = channel_statistics(old["mean"], old["std"], in_chans)
+    if kwargs.get("num_classes") is not None:
+        new["num_classes"] = int(kwargs["num_classes"])
+        if int(kwargs["num_classes"]) != old.get("num_classes"):
+            new.pop("label_names", None)
+    set_pretrained_cfg(model, new)
+    return model
 
 
 def preset_statistics(cfg: ModelConfig) -> Stats | None:
