@@ -343,6 +343,56 @@ def test_sweep_tables_and_figure_numbers(tmp_path: Path):
 # ---------------------------------------------------------------- the commands end to end
 
 
+def test_a_diverged_run_is_a_result_of_the_study(tmp_path: Path, monkeypatch, capsys):
+    from vitlab.train.engine import Trainer
+
+    real = Trainer._train_step
+
+    def step(self, epoch, step, order):  # lr 0.002 diverges at its second step; lr 0.001 trains
+        if self.cfg.lr == 0.002 and self.progress.global_step >= 1:
+            raise self._nonfinite_error(epoch, step, float("nan"))
+        return real(self, epoch, step, order)
+
+    monkeypatch.setattr(Trainer, "_train_step", step)
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--param", "lr", "--values", "0.001,0.002", "--set", "depth=1", *TINY_RUN, "--output", str(out)]
+    assert main(argv) == 0  # the study goes on and writes its tables
+    rows = read_rows(out / "results.csv")
+    assert [r["diverged"] for r in rows] == ["False", "True"]
+    summary = json.loads((out / rows[1]["run"] / "summary.json").read_text())
+    assert summary["diverged"] is True and summary["diverged_at"]["epoch"] == 1 and summary["diverged_at"]["step"] == 2
+    assert 0.0 <= summary["final_test_acc"] <= 1.0 and summary["epochs"] == 0  # its last finite weights, tested
+    assert "non-finite loss" in summary["error"]
+    assert float(rows[1]["test_acc"]) == summary["final_test_acc"]
+    assert [r["diverged"] for r in read_rows(out / "summary.csv")] == ["0", "1"]
+    assert "diverged at epoch 1" in capsys.readouterr().err
+    calls = []  # read back as a finished run, never retrained
+    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    assert main(argv) == 0 and calls == []
+    assert [r["diverged"] for r in read_rows(out / "results.csv")] == ["False", "True"]
+
+
+def test_a_plain_train_still_stops_at_a_divergence(tmp_path: Path, monkeypatch):
+    from vitlab.train.engine import NonFiniteLoss, Trainer, train
+
+    real = Trainer._train_step
+
+    def step(self, epoch, step, order):
+        if self.progress.global_step >= 3:
+            raise self._nonfinite_error(epoch, step, float("nan"))
+        return real(self, epoch, step, order)
+
+    monkeypatch.setattr(Trainer, "_train_step", step)
+    cfg = RunConfig(epochs=2, limit_train=64, limit_test=32, batch_size=32, threads=1, progress=False,
+                    output=str(tmp_path / "r"), model_overrides={"depth": 1})
+    with pytest.raises(NonFiniteLoss) as info:
+        train(cfg)
+    assert not (tmp_path / "r" / "summary.json").exists()  # only a study records it
+    s = info.value.summary
+    assert s["diverged"] and s["diverged_at"]["epoch"] == 2 and s["epochs"] == 1
+    assert s["best_test_acc"] >= s["final_test_acc"] >= 0.0
+
+
 def test_sweep_command_end_to_end_and_resume(tmp_path: Path, monkeypatch, capsys):
     out = tmp_path / "sweep"
     argv = ["sweep", "--param", "embed_dim", "--values", "16,32", "--set", "depth=1", "--set", "global_pool=token",

@@ -31,18 +31,44 @@ def train_run(cfg: Any, init: str | None = None) -> dict:
     A folder that already holds a checkpoint (an interrupted run) is resumed exactly. ``init`` starts the
     model from pretrained weights (``train(init_weights=...)``). A run stopped by Ctrl-C or SIGTERM raises
     :class:`KeyboardInterrupt`, so the study stops too; its checkpoint lets the next invocation resume.
+
+    A run that diverges (non-finite loss or gradient) is a result of the study, not the end of it: its
+    ``summary.json`` records ``diverged``, where, and the test accuracy of its last finite weights, and the
+    study goes on (:func:`record_divergence`).
     """
     from vitlab.checkpoint import CONFIG
-    from vitlab.train.engine import train
+    from vitlab.train.engine import NonFiniteLoss, train
 
     run_dir = Path(cfg.output)
-    if (run_dir / CONFIG).is_file():
-        result = train(cfg, resume=run_dir)
-    else:
-        result = train(cfg, init_weights=init)
+    try:
+        if (run_dir / CONFIG).is_file():
+            result = train(cfg, resume=run_dir)
+        else:
+            result = train(cfg, init_weights=init)
+    except NonFiniteLoss as exc:
+        if exc.summary is None:
+            raise
+        return record_divergence(run_dir, exc.summary)
     if result.exit_code:
         raise KeyboardInterrupt
     return result.summary
+
+
+def record_divergence(run_dir: Path, summary: dict) -> dict:
+    """Write a diverged run's ``summary`` as its ``summary.json`` (so the study reads it back as finished, like
+    any deterministic result) and return it."""
+    from vitlab.atomic import atomic_write_text
+
+    atomic_write_text(run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    at = summary.get("diverged_at") or {}
+    print(f"vitlab: {run_dir.name} diverged at epoch {at.get('epoch')} step {at.get('step')}; kept as a result "
+          "(summary.json: diverged, the test accuracy of its last finite weights)", file=sys.stderr, flush=True)
+    return summary
+
+
+def diverged(summary: dict) -> bool:
+    """Whether a run of a study diverged (see :func:`train_run`)."""
+    return summary.get("diverged") is True
 
 
 @dataclass
@@ -161,7 +187,9 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
         summary, ran = run_or_load(spec, out_dir, trainer)
         acc = summary_value(summary, "test_acc")
         note = f"test accuracy {100 * acc:.2f}%" if acc == acc else ""
-        if undertrained(summary, spec.config):
+        if diverged(summary):
+            note += f" (diverged at epoch {(summary.get('diverged_at') or {}).get('epoch')})"
+        elif undertrained(summary, spec.config):
             note += " (far below the data set's reference: under-trained)"
         meter.end(spec.name, ran_at if ran else None, note)
         out.append((spec, summary))
@@ -358,9 +386,12 @@ def undertrained(summary: dict, cfg: Any) -> bool:
 
 
 def mark_groups(agg: Sequence[dict], rows: Sequence[dict], keys: Sequence[str]) -> None:
-    """Set ``undertrained`` on each aggregated row of ``agg`` (grouped by ``keys``) when any of its runs is."""
+    """Set ``undertrained`` on each aggregated row of ``agg`` (grouped by ``keys``) when any of its runs is, and
+    ``diverged`` to the number of its runs that diverged."""
     for a in agg:
-        a["undertrained"] = any(r.get("undertrained", False) for r in rows if all(r[k] == a[k] for k in keys))
+        members = [r for r in rows if all(r[k] == a[k] for k in keys)]
+        a["undertrained"] = any(r.get("undertrained", False) for r in members)
+        a["diverged"] = sum(1 for r in members if r.get("diverged", False))
 
 
 def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | None = None) -> str | None:

@@ -18,6 +18,7 @@ from vitlab.errors import CheckpointError, ConfigError
 from vitlab.experiments.common import (
     RunSpec,
     aggregate,
+    diverged,
     mark_groups,
     safe_name,
     split_list,
@@ -186,6 +187,7 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], out: Path) -> list[dict[str, 
         row["matmul_macs"] = matmul_macs(out / spec.name)
         row["overrides"] = json.dumps(spec.info["overrides"], sort_keys=True)
         row["undertrained"] = undertrained(summary, spec.config)
+        row["diverged"] = diverged(summary)
         row["run"] = spec.name
         rows.append(row)
     return rows
@@ -248,7 +250,8 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
     table = [{"model": a["label"], "start": a["start"], "test_acc": a["test_acc_mean"],
               "test_acc_std": a["test_acc_std"], "seeds": a["n"], "params": a["params"], "macs": a["macs"],
               "matmul_macs": a["matmul_macs"], "train_time_s": a["train_time_s_mean"],
-              "wall_time_s": a["wall_time_s_mean"], "undertrained": a["undertrained"]} for a in agg]
+              "wall_time_s": a["wall_time_s_mean"], "undertrained": a["undertrained"],
+              "diverged": a["diverged"]} for a in agg]
     write_csv(out / "summary.csv", table)
     plot_compare(agg, out / "compare.png", title)
     first = pairs[0][0].config

@@ -19,6 +19,7 @@ from vitlab.errors import ConfigError
 from vitlab.experiments.common import (
     RunSpec,
     aggregate,
+    diverged,
     mark_groups,
     summary_value,
     undertrained,
@@ -219,6 +220,7 @@ def result_row(spec: RunSpec, summary: dict, diag: dict[str, Any]) -> dict[str, 
     row["params"], row["macs"] = int(row["params"]), int(row["macs"])
     row.update(diagnostic_columns(diag))
     row["undertrained"] = undertrained(summary, spec.config)
+    row["diverged"] = diverged(summary)
     row["preset"], row["overrides"], row["run"] = spec.info["preset"], spec.info["overrides"], spec.name
     row["run_options"] = spec.info.get("run_options", "{}")
     return row

@@ -22,6 +22,7 @@ from vitlab.errors import ConfigError
 from vitlab.experiments.common import (
     RunSpec,
     aggregate,
+    diverged,
     format_value,
     mark_groups,
     model_cost,
@@ -148,6 +149,7 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> 
         row["macs"] = int(macs)
         row["flops"] = 2 * int(macs)
         row["undertrained"] = undertrained(summary, spec.config)
+        row["diverged"] = diverged(summary)
         row["run"] = spec.name
         rows.append(row)
     return rows

@@ -48,7 +48,11 @@ SMALL_MODEL_MACS = 50_000_000  # per image; below it a CPU run uses one thread u
 
 
 class NonFiniteLoss(ConfigError):
-    """The loss (or gradient norm) became NaN or infinite."""
+    """The loss (or gradient norm) became NaN or infinite. ``summary``: the run's numbers at that step (the test
+    accuracy of its last finite weights, ``diverged`` and where), so a study can keep the divergence as a result;
+    None when they could not be taken."""
+
+    summary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -454,8 +458,25 @@ class Trainer:
         kept = f"the last good checkpoint in {self.out_dir} is kept" if (self.out_dir / CONFIG).exists() \
             else "no checkpoint was saved yet"
         what = f"loss ({loss})" if not math.isfinite(loss) else f"gradient norm (loss {loss:.4g})"
-        return NonFiniteLoss(f"non-finite {what} at {where}; likely {' or '.join(causes)}; {kept}; "
-                             "--skip-nonfinite skips such steps instead")
+        err = NonFiniteLoss(f"non-finite {what} at {where}; likely {' or '.join(causes)}; {kept}; "
+                            "--skip-nonfinite skips such steps instead")
+        err.summary = self._diverged_summary(epoch, step, str(err))
+        return err
+
+    def _diverged_summary(self, epoch: int, step: int, message: str) -> dict[str, Any] | None:
+        """:meth:`summary` at a divergence: the failed step was not applied, so the weights are the last finite
+        ones and the test figures are theirs, evaluated now."""
+        try:
+            out = self.summary()
+            if self.eval_name != "val":  # summary() evaluated the test set itself otherwise
+                test = self._evaluate(self.test_data)
+                out.update(final_test_acc=test["acc"], final_test_loss=test["loss"],
+                           best_test_acc=max(out.get("best_test_acc") or 0.0, test["acc"]))
+        except Exception:  # noqa: BLE001 - the divergence is the error to report, not a failure to describe it
+            return None
+        return {**out, "diverged": True, "diverged_at": {"epoch": epoch + 1, "step": step + 1,
+                                                         "global_step": self.progress.global_step},
+                "error": message}
 
     def _interrupted(self) -> TrainResult:
         p = self.progress
