@@ -343,6 +343,24 @@ def test_sweep_tables_and_figure_numbers(tmp_path: Path):
 # ---------------------------------------------------------------- the commands end to end
 
 
+def test_finished_only_writes_the_tables_of_what_finished(tmp_path: Path, monkeypatch, capsys):
+    out = tmp_path / "sweep"
+    base = ["sweep", "--param", "embed_dim", "--set", "depth=1", *TINY_RUN, "--output", str(out)]
+    assert main(base[:3] + ["--values", "16"] + base[3:]) == 0  # one process trained 16 only
+    calls = []
+    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    capsys.readouterr()
+    assert main(base[:3] + ["--values", "16,32"] + base[3:] + ["--finished-only"]) == 0
+    assert calls == []  # nothing trained
+    assert [r["embed_dim"] for r in read_rows(out / "results.csv")] == ["16"]
+    assert "leaves out 1 run(s) not finished yet: embed_dim=32_seed=0" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    assert main(base[:3] + ["--values", "16"] + base[3:-1] + [str(empty), "--finished-only"]) == 2
+    assert "no run of this study has finished" in capsys.readouterr().err and calls == []
+    assert main(["sweep", "--search", "optuna", "--param", "lr", "--range", "1e-4:1e-2", "--finished-only",
+                 "--output", str(tmp_path / "s")]) == 2
+
+
 def test_a_diverged_run_is_a_result_of_the_study(tmp_path: Path, monkeypatch, capsys):
     from vitlab.train.engine import Trainer
 
@@ -612,13 +630,37 @@ def test_depth_study_diagnoses_reattention_before_the_head_mix(tmp_path: Path):
     layers = per_layer_rows(spec, diag)[1]
     assert [r["maps"] for r in layers] == ["recorded"] * 3 + ["pre_mix"] * 3
     # a diagnostics.json written before the pre-mix maps were recorded is recomputed
-    old = {k: v for k, v in diag.items() if k != "collapse_pre_mix"}
+    old = {k: v for k, v in diag.items() if k not in ("collapse_pre_mix", "version")}
     (tmp_path / "diagnostics.json").write_text(json.dumps(old))
     assert "collapse_pre_mix" in diagnose(tmp_path, images, None, [], mean, std, threshold=0.5)
     plain = create_model("vit_mnist", depth=2).eval()
     save_checkpoint(tmp_path / "plain", plain)
     diag = diagnose(tmp_path / "plain", images, None, [], mean, std, threshold=0.5)
     assert diag["collapse_pre_mix"] == [] and math.isnan(diagnostic_columns(diag)["mean_similarity_pre_mix"])
+
+
+def test_talking_heads_maps_are_recorded_before_their_post_softmax_mix(tmp_path: Path):
+    from vitlab.checkpoint import save_checkpoint
+    from vitlab.data import normalize
+    from vitlab.experiments.depth_study import diagnose
+    from vitlab.layers import record_attention, record_pre_mix
+
+    model = create_model("cait_xxs24", depth=2, embed_dim=32, num_heads=4, img_size=28, patch_size=7, in_chans=1,
+                         num_classes=10).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # talking-heads mixes far from the identity
+            if "proj_w" in name or "proj_l" in name:
+                p.add_(0.5 * torch.randn_like(p))
+    images = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    x = normalize(images, (0.1307,), (0.3081,))
+    with torch.no_grad(), record_pre_mix(model.modules()) as pre_mix, record_attention(model.modules()) as maps:
+        model(x)
+    assert len(pre_mix) == 2 and len(maps) == 4  # the 2 self-attention blocks; class attention has no mix
+    assert torch.allclose(pre_mix[0].sum(-1), torch.ones(6, 4, 16), atol=1e-5)  # probability rows (patches only)
+    assert not torch.allclose(pre_mix[0], maps[0], atol=1e-3)  # the recorded map is the mixed one
+    save_checkpoint(tmp_path, model)
+    diag = diagnose(tmp_path, images, None, [], (0.1307,), (0.3081,), threshold=0.5)
+    assert diag["collapse_pre_mix"][0]["layers"] == [0, 1] and diag["version"] >= 2
 
 
 @pytest.mark.slow

@@ -154,7 +154,8 @@ def test_pending_markers_name_columns_the_studies_write() -> None:
     from vitlab.experiments import depth_study, sweep
 
     def agg(values: tuple[str, ...]) -> set[str]:
-        return {f"{v}_{s}" for v in values for s in ("mean", "std")} | {"n", "params", "macs", "undertrained"}
+        return {f"{v}_{s}" for v in values for s in ("mean", "std")} | {"n", "params", "macs", "undertrained",
+                                                                          "diverged"}
 
     t = _tables()
     text = PAGE.read_text()

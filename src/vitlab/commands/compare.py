@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             get_config(m, **sets[m])
     items = entries(models, sets, parse_pretrained(args.pretrained, models))
     result = run_compare(CompareConfig(items, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
-                                       command_line(args), args.logger, models))
+                                       command_line(args), args.logger, models, finished_only=args.finished_only))
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
         print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "

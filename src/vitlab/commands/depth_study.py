@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = DepthStudyConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants),
                               base_run_config(args, dataset=args.dataset), args.output, args.seeds, args.num_images,
-                              args.threshold, parse_set(args.set), args.analyze_runs, command_line(args), args.logger)
+                              args.threshold, parse_set(args.set), args.analyze_runs, command_line(args), args.logger,
+                              finished_only=args.finished_only)
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

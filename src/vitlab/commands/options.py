@@ -72,6 +72,9 @@ def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs pe
                    help="no per-epoch progress bars (one line per run is still printed)")
     p.add_argument("--logger", default="none", metavar="NAME",
                    help="also track every run and the study's figures in tensorboard | mlflow | wandb (default none)")
+    p.add_argument("--finished-only", action="store_true",
+                   help="train nothing: read back the runs already finished in --output and write the tables and "
+                        "figures from them (a study split over processes or sessions)")
 
 
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:

@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     params = parse_params(args.model, args.param or [], args.values or [])
     config = SweepConfig(args.model, params, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
-                         parse_set(args.set), command_line(args, paired=("param", "values")), args.logger)
+                         parse_set(args.set), command_line(args, paired=("param", "values")), args.logger,
+                         finished_only=args.finished_only)
     result = run_sweep(config)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
@@ -106,6 +107,9 @@ def run_search_command(args: argparse.Namespace) -> int:
     import_optuna()
     if args.seeds != 1:
         raise ConfigError("--seeds is for the grid; --search optuna trains one run per trial with --seed")
+    if args.finished_only:
+        raise ConfigError("--finished-only is for the grid; drop it: --search optuna reads its finished trials "
+                          "back from optuna.db when run again")
     names = args.param or []
     pairs = [(names[i] if 0 <= i < len(names) else None, how, text) for i, how, text in (args.pairs or [])]
     if any(n is None for n, _, _ in pairs) or len(pairs) != len(names):

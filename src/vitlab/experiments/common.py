@@ -172,14 +172,24 @@ def _duration(seconds: float) -> str:
 
 
 def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None = None, title: str = "run",
-            progress: bool = True) -> list[tuple[RunSpec, dict]]:
-    """Run (or read back) every spec in order; returns ``(spec, summary)`` pairs."""
+            progress: bool = True, finished_only: bool = False) -> list[tuple[RunSpec, dict]]:
+    """Run (or read back) every spec in order; returns ``(spec, summary)`` pairs. ``finished_only`` trains
+    nothing: the specs without a finished run are left out (at least one must have finished)."""
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ConfigError(f"two runs of this study share the folder name(s) {', '.join(dup)}; remove the repeated "
                           "values")
     trainer = trainer or train_run
+    if finished_only:
+        left = [s for s in specs if read_summary(out_dir / s.name) is None]
+        specs = [s for s in specs if read_summary(out_dir / s.name) is not None]
+        if not specs:
+            raise ConfigError(f"no run of this study has finished in {out_dir} yet; drop --finished-only to train "
+                              "them")
+        if left:
+            print(f"{title}: --finished-only leaves out {len(left)} run(s) not finished yet: "
+                  f"{', '.join(s.name for s in left)}", file=sys.stderr, flush=True)
     meter = Progress(len(specs), title, stream=None if progress else _Null())
     out = []
     for spec in specs:

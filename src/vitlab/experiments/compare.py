@@ -285,6 +285,7 @@ class CompareConfig:
     command: str = ""  # the command line the report shows
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
     models: list[str] = field(default_factory=list)  # the --models, as given (for the report's settings)
+    finished_only: bool = False  # train nothing; tables from the runs already finished
 
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:
@@ -298,7 +299,7 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
     models = config.models or list(dict.fromkeys(e.model for e in items))
     specs = compare_specs(items, cfg, list(range(config.seeds)))
     out = check_output(config.output)
-    pairs = run_all(specs, out, title="compare")
+    pairs = run_all(specs, out, title="compare", finished_only=config.finished_only)
     meta = {"dataset": cfg.dataset, "models": models,
             "overrides": {e.model: e.overrides for e in items if e.init is None},
             "pretrained": {e.label: e.init for e in items if e.init}, "seeds": config.seeds,

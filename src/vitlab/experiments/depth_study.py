@@ -130,27 +130,31 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
     return specs
 
 
+# what diagnostics.json holds; an older one is recomputed. 2: pre-mix maps of talking heads too (1: re-attention's)
+DIAG_VERSION = 2
+
+
 def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: tuple, std: tuple, *,
              threshold: float, batch_size: int = 32, full_report: bool = False) -> dict[str, Any]:
     """Attention collapse and residual ratios of the run's checkpoint on ``images`` (uint8 test images), saved
     as ``run_dir/diagnostics.json`` and read back when it exists with the same settings. ``full_report``
     also writes the whole ``vitlab analyze`` report (attention maps, rollout...) into ``run_dir/analysis``.
 
-    ``collapse`` compares the maps multiplied with the values; for re-attention layers those are mixed over
-    heads and normalised (not probability rows), so ``collapse_pre_mix`` also compares their softmax maps
-    before the head mix (empty for models without re-attention)."""
+    ``collapse`` compares the maps multiplied with the values; for re-attention (DeepViT) and talking heads
+    (CaiT) those are mixed over heads (re-attention's also normalised), not probability rows, so
+    ``collapse_pre_mix`` also compares their softmax maps before that mix (empty for models without either)."""
     import torch
 
     from vitlab.analysis import SimilarityMeter, analyze_model, residual_ratios, write_json
     from vitlab.analysis.analyze import model_inputs
     from vitlab.checkpoint import load_model
-    from vitlab.layers.reattention import record_pre_mix
+    from vitlab.layers.attention import record_pre_mix
 
     path = run_dir / "diagnostics.json"
     if path.is_file() and not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
         diag = json.loads(path.read_text())
         if (diag.get("threshold") == threshold and diag.get("num_images") == len(images)
-                and "collapse_pre_mix" in diag):
+                and diag.get("version") == DIAG_VERSION):
             return diag
     model = load_model(run_dir).eval()
     if full_report:
@@ -166,7 +170,7 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
                 meter.update(model.attention_maps(chunk))
             if pre_mix:
                 pre_meter.update(list(pre_mix))
-    diag = {"threshold": threshold, "num_images": len(images),
+    diag = {"version": DIAG_VERSION, "threshold": threshold, "num_images": len(images),
             "collapse": _collapse_rows(meter.compute()),
             "collapse_pre_mix": _collapse_rows(pre_meter.compute()) if pre_meter.count else [],
             "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)]}
@@ -193,7 +197,8 @@ def _collapse_columns(groups: list[dict[str, Any]], suffix: str = "") -> dict[st
 
 def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
     """The per-run numbers of the study: self-attention collapse (of the recorded maps, and ``*_pre_mix`` of
-    re-attention's softmax maps before the head mix: NaN without re-attention) and residual-ratio summaries."""
+    the softmax maps before the head mix of re-attention or talking heads: NaN without either) and
+    residual-ratio summaries."""
     ratios = diag["residual_ratios"]
     sa_ratios = [r for r in ratios if r["kind"] == "self_attention"]
     attn = [r["attn_mean"] for r in sa_ratios]
@@ -326,7 +331,8 @@ def similar_block_lines(layer_rows: list[dict[str, Any]], depth: int,
                         variants: list[str]) -> dict[str, tuple[list[int], list[float]]]:
     """``{label: (layers, mean similar blocks)}`` at ``depth``: for each self-attention layer, how many other
     layers have a map above the threshold (DeepViT's "number of similar blocks"), averaged over seeds. One line
-    per variant from its recorded maps, plus ``"<variant> pre-mix"`` for re-attention's softmax maps."""
+    per variant from its recorded maps, plus ``"<variant> pre-mix"`` for the softmax maps before a head
+    mix (re-attention, talking heads)."""
     out: dict[str, tuple[list[int], list[float]]] = {}
     for variant in variants:
         for maps, label in (("recorded", variant), ("pre_mix", f"{variant} pre-mix")):
@@ -341,8 +347,8 @@ def similar_block_lines(layer_rows: list[dict[str, Any]], depth: int,
 
 def plot_similar_blocks(layer_rows: list[dict[str, Any]], variants: list[str], depths: list[int], threshold: float,
                         path: str | Path) -> Path:
-    """Number of similar blocks per self-attention layer, one panel per depth (re-attention's maps before the
-    head mix dashed): the per-layer view of attention collapse."""
+    """Number of similar blocks per self-attention layer, one panel per depth (softmax maps before a head mix
+    dashed): the per-layer view of attention collapse."""
     import matplotlib as mpl
     from matplotlib.ticker import MaxNLocator
 
@@ -365,13 +371,13 @@ def plot_similar_blocks(layer_rows: list[dict[str, Any]], variants: list[str], d
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel(f"similar blocks (cosine > {threshold:g})")
     axes[0].legend(fontsize=8)
-    fig.suptitle("similar blocks per layer, mean over seeds\n(dashed: re-attention before the head mix)", fontsize=10)
+    fig.suptitle("similar blocks per layer, mean over seeds\n(dashed: softmax maps before a head mix)", fontsize=10)
     return save(fig, path)
 
 
 def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Path) -> Path:
     """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0), plus
-    one of re-attention's softmax maps before the head mix ("pre-mix"), three panels per row."""
+    one of the softmax maps before a head mix ("pre-mix": re-attention, talking heads), three panels per row."""
     import math as m
 
     import numpy as np
@@ -419,7 +425,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                        ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)]
     pre_mix = any(r["mean_similarity_pre_mix"] == r["mean_similarity_pre_mix"] for r in rows)
     if pre_mix:
-        collapse_panels += [("mean_similarity_pre_mix", "re-attention before the head mix: mean similarity", 1.0),
+        collapse_panels += [("mean_similarity_pre_mix", "before the head mix: mean similarity", 1.0),
                             ("similar_fraction_pre_mix", f"before the mix: layers with a similar block "
                                                          f"(> {threshold:g})", 1.0)]
     plot_against_depth(agg, variants, collapse_panels, out / "collapse_vs_depth.png",
@@ -441,9 +447,10 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                       "overrides at the deepest depth": json.dumps(variant_model(v, meta["base"], max(depths))[1]),
                       "run options it sets": json.dumps(VARIANT_RUN.get(v, {}))}
                      for v in variants]
-    pre_mix_text = (" For re-attention (deepvit) the recorded maps are mixed over heads and normalised, so their "
-                    "cosines sit near 0 partly by construction; the *_pre_mix columns and the 'pre-mix' panels "
-                    "compare its softmax maps before the head mix, on the same scale as the other variants' maps."
+    pre_mix_text = (" For re-attention (deepvit) and talking heads (cait) the recorded maps are mixed over heads "
+                    "after the softmax (re-attention's also normalised), so their cosines sit near 0 partly by "
+                    "construction; the *_pre_mix columns and the 'pre-mix' panels compare their softmax maps before "
+                    "that mix, on the same scale as the other variants' maps."
                     if pre_mix else "")
     sections = [
         *warning_section(rows, ("variant", "depth", "seed"), warning),
@@ -490,6 +497,7 @@ class DepthStudyConfig:
     analyze_runs: bool = False  # also write each run's full `vitlab analyze` report
     command: str = ""  # the command line the report shows
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
+    finished_only: bool = False  # train nothing; tables from the runs already finished
 
 
 def variant_notes(variants: list[str]) -> list[str]:
@@ -525,7 +533,8 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     depths, variants, cfg = sorted(config.depths), config.variants, config.run
     specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared)
     out = check_output(config.output)
-    pairs = run_all(specs, out, title="depth study")
+    pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only)
+    depths = sorted({spec.info["depth"] for spec, _ in pairs})  # --finished-only: the depths that have runs
 
     _, test = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=base_model.img_size,
                            in_chans=base_model.in_chans)

@@ -287,6 +287,7 @@ class SweepConfig:
     fixed: dict[str, Any] = field(default_factory=dict)  # model options of every run
     command: str = ""  # the command line the report shows
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
+    finished_only: bool = False  # train nothing; tables from the runs already finished
 
 
 def run_sweep(config: SweepConfig) -> dict[str, Any]:
@@ -302,7 +303,7 @@ def run_sweep(config: SweepConfig) -> dict[str, Any]:
     base = config.base
     specs = sweep_specs(config.model, config.params, list(range(config.seeds)), base, config.fixed)
     out = check_output(config.output)
-    pairs = run_all(specs, out, title="sweep")
+    pairs = run_all(specs, out, title="sweep", finished_only=config.finished_only)
     title = f"Sweep of {config.model} on {base.dataset}"
     meta = {"model": config.model, "dataset": base.dataset, "seeds": config.seeds, "fixed_overrides": config.fixed,
             "run_config": base.to_dict()}

@@ -1,6 +1,6 @@
 """Building blocks; each arithmetic module has ``flop_count(num_tokens)`` counting multiplies only."""
 
-from vitlab.layers.attention import Attention, AttentionBase, check_heads, record_attention
+from vitlab.layers.attention import Attention, AttentionBase, check_heads, record_attention, record_pre_mix
 from vitlab.layers.block import Block, ResidualGates, record_residuals
 from vitlab.layers.class_attention import ClassAttention, ClassAttentionBlock
 from vitlab.layers.drop_path import DROP_PATH_RULES, DropPath, drop_path_rates
@@ -17,6 +17,6 @@ __all__ = [
     "DROP_PATH_RULES", "DropPath", "GATES", "LayerNorm", "LayerScale", "MLPS", "Mlp", "NORMS", "POS_EMBEDS",
     "PatchEmbed", "REATTN_NORMS", "RMSNorm", "ReAttention", "ResidualGates", "ScalarGate", "SwiGLU",
     "apply_rope", "build_pos_embed", "cait_init_value", "check_grid", "check_heads", "drop_path_rates",
-    "layout_rope", "make_gate", "mlp_layer", "norm_layer", "record_attention", "record_residuals",
+    "layout_rope", "make_gate", "mlp_layer", "norm_layer", "record_attention", "record_pre_mix", "record_residuals",
     "resample_abs_pos_embed", "rope_2d_angles", "sincos_1d", "sincos_2d",
 ]

@@ -31,17 +31,28 @@ def check_heads(dim: int, num_heads: int) -> int:
 
 
 class AttentionBase(nn.Module):
-    """Shared plumbing: the map recorder used by :func:`record_attention`."""
+    """Shared plumbing: the map recorders used by :func:`record_attention` and :func:`record_pre_mix`."""
 
     _maps: list[Tensor] | None = None
+    _pre_mix: list[Tensor] | None = None
 
     @property
     def recording(self) -> bool:
-        return self._maps is not None
+        return self._maps is not None or self._pre_mix is not None
+
+    @property
+    def mixes_heads_after_softmax(self) -> bool:
+        """Whether the map that multiplies V is a mix over heads of the softmax maps (DeepViT's re-attention,
+        CaiT's talking heads): its rows are no longer probabilities."""
+        return False
 
     def _record(self, attn: Tensor) -> None:
         if self._maps is not None:
             self._maps.append(attn)
+
+    def _record_pre_mix(self, attn: Tensor) -> None:
+        if self._pre_mix is not None:
+            self._pre_mix.append(attn)
 
 
 @contextlib.contextmanager
@@ -57,6 +68,22 @@ def record_attention(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
     finally:
         for m in mods:
             m._maps = None
+
+
+@contextlib.contextmanager
+def record_pre_mix(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
+    """Within the block, every attention module that mixes heads after the softmax (re-attention, talking
+    heads) appends its softmax maps ``(B, heads, T, T)`` *before* that mix (probability rows, comparable with
+    plain attention's maps) to the yielded list, in call order."""
+    maps: list[Tensor] = []
+    mods = [m for m in modules if isinstance(m, AttentionBase) and m.mixes_heads_after_softmax]
+    for m in mods:
+        m._pre_mix = maps
+    try:
+        yield maps
+    finally:
+        for m in mods:
+            m._pre_mix = None
 
 
 def mix_heads(attn: Tensor, mix: nn.Linear) -> Tensor:
@@ -113,6 +140,10 @@ class Attention(AttentionBase):
         x = x.transpose(1, 2).reshape(B, T, C)  # (B, H, T, d) -> (B, T, C)
         return self.proj_drop(self.proj(x))
 
+    @property
+    def mixes_heads_after_softmax(self) -> bool:
+        return self.talking_heads
+
     def _explicit_is_faster(self, x: Tensor, num_tokens: int) -> bool:
         """``fused`` None picks per call: on CPU with autograd, few tokens and no attention dropout, the
         explicit batched matmuls beat the fused kernel (whose backward is slow on tiny heads)."""
@@ -127,6 +158,7 @@ class Attention(AttentionBase):
             attn = mix_heads(attn, self.proj_l)  # mix heads before the softmax
         attn = attn.softmax(dim=-1)
         if self.talking_heads:
+            self._record_pre_mix(attn)
             attn = mix_heads(attn, self.proj_w)  # and after
         self._record(attn)
         return self.attn_drop(attn) @ v  # (B, H, T, d)

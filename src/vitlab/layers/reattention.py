@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
-
 import torch
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
-from vitlab.layers.attention import AttentionBase, check_heads
+from vitlab.layers.attention import AttentionBase, check_heads, record_pre_mix
+
+__all__ = ["REATTN_NORMS", "ReAttention", "record_pre_mix"]  # record_pre_mix: its first home
 
 REATTN_NORMS = ("batch", "layer")
 
@@ -27,7 +26,7 @@ class ReAttention(AttentionBase):
     before the values cannot be fused, so this module always takes the explicit path.
     """
 
-    _pre_mix: list[Tensor] | None = None
+    mixes_heads_after_softmax = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, qkv_bias: bool = True, norm: str = "batch",
                  scale: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
@@ -61,8 +60,7 @@ class ReAttention(AttentionBase):
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, d)
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
-        if self._pre_mix is not None:
-            self._pre_mix.append(attn)
+        self._record_pre_mix(attn)
         attn = self.attn_drop(attn)  # on the softmax maps, before the head mix, as both reference codes do
         attn = torch.einsum("bhij,hg->bgij", attn, self.reattn_weights)
         if self.norm_kind == "batch":
@@ -82,18 +80,3 @@ class ReAttention(AttentionBase):
         norm = 2 if self.norm_kind == "batch" else 3  # per element: BatchNorm (eval) 2, LayerNorm 3
         rescale = h * t * t if self.reattn_scale != 1.0 else 0
         return macs + t * c + h * t * t + norm * h * t * t + rescale  # q scale, softmax, norm, map scale
-
-
-@contextlib.contextmanager
-def record_pre_mix(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
-    """Within the block, every :class:`ReAttention` appends its softmax maps ``(B, heads, T, T)`` *before* the
-    heads x heads mix (probability rows, comparable with plain attention's maps) to the yielded list."""
-    maps: list[Tensor] = []
-    mods = [m for m in modules if isinstance(m, ReAttention)]
-    for m in mods:
-        m._pre_mix = maps
-    try:
-        yield maps
-    finally:
-        for m in mods:
-            m._pre_mix = None
