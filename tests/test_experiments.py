@@ -383,7 +383,9 @@ def test_a_diverged_run_is_a_result_of_the_study(tmp_path: Path, monkeypatch, ca
     assert "non-finite loss" in summary["error"]
     assert float(rows[1]["test_acc"]) == summary["final_test_acc"]
     assert [r["diverged"] for r in read_rows(out / "summary.csv")] == ["0", "1"]
-    assert "diverged at epoch 1" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "diverged at epoch 1" in captured.err
+    assert "[diverged: 1 of 1 seeds]" in captured.out and captured.out.count("[diverged") == 1
     calls = []  # read back as a finished run, never retrained
     monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
     assert main(argv) == 0 and calls == []

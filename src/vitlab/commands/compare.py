@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
         print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "
               f"{(macs or 0) / 1e6:.1f} matmul MMACs, training {t['train_time_s']:.1f} s ({t['start']})"
-              + ("  [under-trained]" if t["undertrained"] else ""))
+              + ("  [under-trained]" if t["undertrained"] else "")
+              + (f"  [diverged: {t['diverged']} of {t['seeds']} seeds]" if t.get("diverged") else ""))
     if result["warning"]:
         print(result["warning"])
     print(f"wrote results.csv, summary.csv, compare.png, index.html to {result['out']}")

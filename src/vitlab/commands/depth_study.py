@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                  f"{100 * a['similar_fraction_pre_mix_mean']:.0f}%)"
                  if a["mean_similarity_pre_mix_mean"] == a["mean_similarity_pre_mix_mean"] else "")
               + f", residual ratio attn {a['ratio_attn_mean_mean']:.3f} mlp {a['ratio_mlp_mean_mean']:.3f}"
-              + ("  [under-trained]" if a["undertrained"] else ""))
+              + ("  [under-trained]" if a["undertrained"] else "")
+              + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else ""))
     if result["warning"]:
         print(result["warning"])
     print(f"wrote results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, {', '.join(result['figures'])}"

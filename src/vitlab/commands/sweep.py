@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
         print(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "
               f"({a['n']} seeds), training {a['train_time_s_mean']:.1f} s, {a['params'] / 1e6:.3f}M params, "
-              f"{a['macs'] / 1e6:.1f} MMACs" + ("  [under-trained]" if a["undertrained"] else ""))
+              f"{a['macs'] / 1e6:.1f} MMACs" + ("  [under-trained]" if a["undertrained"] else "")
+              + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else ""))
     if result["warning"]:
         print(result["warning"])
     print(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to "
