@@ -182,8 +182,9 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
                           "values")
     trainer = trainer or train_run
     if finished_only:
-        left = [s for s in specs if read_summary(out_dir / s.name) is None]
-        specs = [s for s in specs if read_summary(out_dir / s.name) is not None]
+        finished = {s.name for s in specs if read_summary(out_dir / s.name) is not None}
+        left = [s for s in specs if s.name not in finished]
+        specs = [s for s in specs if s.name in finished]
         if not specs:
             raise ConfigError(f"no run of this study has finished in {out_dir} yet; drop --finished-only to train "
                               "them")

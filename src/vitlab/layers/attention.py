@@ -56,34 +56,30 @@ class AttentionBase(nn.Module):
 
 
 @contextlib.contextmanager
-def record_attention(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
-    """Within the block, every attention module appends its map ``(B, heads, T_q, T_k)`` to the
-    yielded list in call order and takes its explicit path."""
+def _recording(mods: list[AttentionBase], slot: str) -> Iterator[list[Tensor]]:
+    """Point the recorder ``slot`` of every module in ``mods`` at one list, yield it, and detach them."""
     maps: list[Tensor] = []
-    mods = [m for m in modules if isinstance(m, AttentionBase)]
     for m in mods:
-        m._maps = maps
+        setattr(m, slot, maps)
     try:
         yield maps
     finally:
         for m in mods:
-            m._maps = None
+            setattr(m, slot, None)
 
 
-@contextlib.contextmanager
-def record_pre_mix(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
+def record_attention(modules: Iterable[nn.Module]) -> contextlib.AbstractContextManager[list[Tensor]]:
+    """Within the block, every attention module appends its map ``(B, heads, T_q, T_k)`` to the
+    yielded list in call order and takes its explicit path."""
+    return _recording([m for m in modules if isinstance(m, AttentionBase)], "_maps")
+
+
+def record_pre_mix(modules: Iterable[nn.Module]) -> contextlib.AbstractContextManager[list[Tensor]]:
     """Within the block, every attention module that mixes heads after the softmax (re-attention, talking
     heads) appends its softmax maps ``(B, heads, T, T)`` *before* that mix (probability rows, comparable with
     plain attention's maps) to the yielded list, in call order."""
-    maps: list[Tensor] = []
-    mods = [m for m in modules if isinstance(m, AttentionBase) and m.mixes_heads_after_softmax]
-    for m in mods:
-        m._pre_mix = maps
-    try:
-        yield maps
-    finally:
-        for m in mods:
-            m._pre_mix = None
+    return _recording([m for m in modules if isinstance(m, AttentionBase) and m.mixes_heads_after_softmax],
+                      "_pre_mix")
 
 
 def mix_heads(attn: Tensor, mix: nn.Linear) -> Tensor:
