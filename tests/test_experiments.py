@@ -288,6 +288,20 @@ def test_study_command_warns_about_undertrained_runs(tmp_path: Path, monkeypatch
     assert trainer.calls[0].epochs == common.budget_epochs("quick", "mnist-5k")
 
 
+def test_the_undertrained_warning_tells_diverged_runs_from_short_ones():
+    low = {"undertrained": True, "test_acc": 0.40}
+    bad = {"undertrained": True, "test_acc": 0.10, "diverged": True}
+    good = {"undertrained": False, "test_acc": 0.97}
+    short = common.undertrained_warning([low, good], "mnist-5k")
+    assert "1 of 2 runs" in short and "give more epochs" in short and "diverged" not in short
+    both = common.undertrained_warning([bad, bad], "mnist-5k")  # more epochs cannot help a diverged run
+    assert "all of them diverged" in both and "--lr" in both and "--clip-grad" in both and "more epochs" not in both
+    mixed = common.undertrained_warning([bad, low, good], "mnist-5k")
+    assert "2 of 3 runs" in mixed and "1 of them diverged" in mixed and "give more epochs" in mixed
+    assert "(lowest 10.0%)" in mixed
+    assert common.undertrained_warning([good], "mnist-5k") is None
+
+
 def test_sweep_specs_make_a_validated_grid():
     params = parse_params("vit_mnist", ["embed_dim", "depth", "lr"], ["32,64", "1,2", "0.001"])
     specs = sweep_specs("vit_mnist", params, [0, 1], RunConfig(epochs=1), {"mlp_ratio": 2.0})

@@ -415,10 +415,20 @@ def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | 
     if not marked or ref is None:
         return None
     worst = min(r["test_acc"] for r in marked)
-    return (f"warning: {len(marked)} of {len(rows)} runs ended more than {100 * UNDERTRAINED_MARGIN:.0f} points "
-            f"below the {100 * ref:.0f}% a trained model reaches on {dataset} (lowest {100 * worst:.1f}%); they are "
-            "under-trained or failed to train, so their differences are not a finding: give more epochs "
-            "(--budget default or long, or --epochs N) before reading the study")
+    diverged = sum(1 for r in marked if r.get("diverged"))
+    head = (f"warning: {len(marked)} of {len(rows)} runs ended more than {100 * UNDERTRAINED_MARGIN:.0f} points "
+            f"below the {100 * ref:.0f}% a trained model reaches on {dataset} (lowest {100 * worst:.1f}%)")
+    more_epochs = "give more epochs (--budget default or long, or --epochs N) before reading the study"
+    if not diverged:
+        return (f"{head}; they are under-trained or failed to train, so their differences are not a finding: "
+                f"{more_epochs}")
+    # more epochs cannot help a run that diverged: its numbers are those of its last finite weights
+    fix = ("a lower --lr or --clip-grad 1.0 would let them train (their accuracy is that of their last finite "
+           "weights; the diverged column names them)")
+    if diverged == len(marked):
+        return f"{head}; {'all of them' if diverged > 1 else 'it'} diverged: {fix}"
+    return (f"{head}; {diverged} of them diverged: {fix}; the others are under-trained or failed to train, so "
+            f"their differences are not a finding: {more_epochs}")
 
 
 def warning_section(rows: Sequence[dict], keys: Sequence[str], warning: str | None) -> list[Any]:
