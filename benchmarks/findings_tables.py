@@ -32,6 +32,9 @@ restored run back as finished, so a study spread over several sessions (on machi
 resumes from the committed records.
 ``--residual-cv IN OUT`` writes the coefficient of variation over blocks of a depth study's
 ``residual_ratios.csv`` (the uniformity of the residual ratios).
+``--by-width OUT SUMMARY=WIDTH [SUMMARY=WIDTH ...]`` joins the ``summary.csv`` of depth studies run at different
+embed_dim into one CSV (``OUT``, a column ``embed_dim``; the variants every study has, like for like) and draws
+attention similarity and accuracy against depth per variant and width beside it (``OUT`` with ``.png``).
 """
 
 from __future__ import annotations
@@ -275,6 +278,92 @@ def residual_cv(src: Path, dst: Path) -> None:
     tmp.replace(dst)
 
 
+BY_WIDTH_COLUMNS = ("n", "test_acc_mean", "test_acc_std", "mean_similarity_mean", "mean_similarity_std",
+                    "similar_fraction_mean", "mean_similar_blocks_mean", "mean_similarity_pre_mix_mean",
+                    "mean_similarity_pre_mix_std", "similar_fraction_pre_mix_mean", "mean_similar_blocks_pre_mix_mean",
+                    "undertrained", "diverged")
+
+
+def _finite(value: str) -> float | None:
+    try:
+        x = float(value)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def by_width(out: Path, sources: list[tuple[Path, int]]) -> list[dict[str, str]]:
+    """Join depth-study summaries run at the embed_dims of ``sources`` (``(summary.csv, width)``) into ``out``,
+    keeping the variants that every study has, and draw ``out`` with ``.png``; returns the joined rows."""
+    tables = []
+    for src, width in sources:
+        with src.open(newline="") as f:
+            tables.append([{**r, "embed_dim": str(width)} for r in csv.DictReader(f)])
+    common = set.intersection(*({r["variant"] for r in t} for t in tables))
+    if not common:
+        raise ValueError("the depth studies share no variant, so there is nothing to compare like for like")
+    order = list(dict.fromkeys(r["variant"] for t in tables for r in t if r["variant"] in common))
+    rows = sorted((r for t in tables for r in t if r["variant"] in common),
+                  key=lambda r: (order.index(r["variant"]), int(r["embed_dim"]), int(r["depth"])))
+    fields = ["variant", "embed_dim", "depth", *BY_WIDTH_COLUMNS]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore", restval="")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(out)
+    _draw_by_width(rows, out.with_suffix(".png"))
+    return rows
+
+
+def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    widths = sorted({int(r["embed_dim"]) for r in rows})
+    styles = dict(zip(widths, ("-", "--", ":", "-.")))
+    fig, (sim, acc) = plt.subplots(1, 2, figsize=(10, 4))
+    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        for column, label in (("mean_similarity_mean", ""), ("mean_similarity_pre_mix_mean", " before the mix")):
+            mine = [r for r in rows if r["variant"] == variant and _finite(r.get(column, "")) is not None]
+            if not mine:
+                continue
+            colour = next(colours)
+            for width in widths:
+                pts = sorted((int(r["depth"]), _finite(r[column])) for r in mine if int(r["embed_dim"]) == width)
+                if pts:
+                    sim.plot(*zip(*pts), styles[width], marker="o", color=colour,
+                             label=f"{variant}{label}, width {width}")
+                if not label:
+                    pts = sorted((int(r["depth"]), 100 * float(r["test_acc_mean"]))
+                                 for r in rows if r["variant"] == variant and int(r["embed_dim"]) == width)
+                    acc.plot(*zip(*pts), styles[width], marker="o", color=colour, label=f"{variant}, width {width}")
+    sim.axhline(0.9, color="grey", lw=0.8, ls=":")
+    sim.set(xlabel="depth (blocks)", ylabel="mean cross-layer cosine similarity",
+            title="attention similarity against depth and width")
+    acc.set(xlabel="depth (blocks)", ylabel="test accuracy (%)", title="accuracy (mean over seeds)")
+    for ax in (sim, acc):
+        ax.set_xticks(sorted({int(r["depth"]) for r in rows}))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = png.with_name(png.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(png)
+
+
+def _width_source(text: str) -> tuple[Path, int]:
+    path, sep, width = text.rpartition("=")
+    if not sep or not width.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give SUMMARY=WIDTH, e.g. runs/findings/depth/summary.csv=64")
+    return Path(path), int(width)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Check or rewrite the tables and figures of docs/findings.md from "
                                             "docs/results/**.csv and docs/figures/findings_*.png.")
@@ -284,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="first copy each table's CSV and each figure from the study folders under DIR")
     p.add_argument("--residual-cv", nargs=2, type=Path, metavar=("IN", "OUT"),
                    help="write the per-block coefficient of variation of IN (residual_ratios.csv) to OUT, then go on")
+    p.add_argument("--by-width", nargs="+", metavar="OUT SUMMARY=WIDTH",
+                   help="join depth-study summaries run at other embed_dims into OUT (and OUT as .png), then go on")
     p.add_argument("--keep-runs", nargs=2, type=Path, metavar=("RUNS", "OUT"),
                    help="copy each finished run's record (summary, config, metrics; never weights) under RUNS to OUT")
     p.add_argument("--restore-runs", nargs=2, type=Path, metavar=("OUT", "RUNS"),
@@ -300,6 +391,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.residual_cv:
         residual_cv(*args.residual_cv)
+    if args.by_width:
+        if len(args.by_width) < 3:
+            p.error("--by-width needs OUT and at least two SUMMARY=WIDTH")
+        try:
+            sources = [_width_source(t) for t in args.by_width[1:]]
+        except argparse.ArgumentTypeError as e:
+            p.error(str(e))
+        missing = [str(src) for src, _ in sources if not src.is_file()]
+        if missing:
+            print(f"findings_tables: {', '.join(missing)} not found; run those depth studies first "
+                  "(or pass their summary.csv)", file=sys.stderr)
+            return 2
+        try:
+            rows = by_width(Path(args.by_width[0]), sources)
+        except ValueError as e:
+            print(f"findings_tables: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.by_width[0]} ({len(rows)} rows) and its .png")
     if args.from_runs:
         for path in collect(args.page, args.from_runs):
             print(f"copied {path}")

@@ -149,6 +149,36 @@ def test_residual_cv(tmp_path: Path) -> None:
     assert row["seeds"] == "2" and row["cv_mlp_mean"] == "nan"
 
 
+def test_by_width_joins_like_for_like(tmp_path: Path, capsys) -> None:
+    def summary(path: Path, variants: tuple[str, ...], sim: float) -> Path:
+        _write_csv(path, [{"variant": v, "depth": d, "n": 2, "test_acc_mean": 0.97, "test_acc_std": 0.01,
+                           "mean_similarity_mean": sim + d / 100, "mean_similarity_std": 0.0,
+                           "mean_similarity_pre_mix_mean": "nan" if v == "vit" else 0.95}
+                          for v in variants for d in (12, 6)])
+        return path
+
+    narrow = summary(tmp_path / "d64" / "summary.csv", ("vit", "layerscale", "deepvit"), 0.4)
+    wide = summary(tmp_path / "d128" / "summary.csv", ("deepvit", "vit"), 0.3)
+    out = tmp_path / "width" / "by_width.csv"
+    t = _tables()
+    assert t.main([str(tmp_path / "none.md"), "--by-width", str(out), f"{narrow}=64", f"{wide}=128"]) == 2
+    page = tmp_path / "page.md"
+    page.write_text("no tables\n")
+    assert t.main([str(page), "--by-width", str(out), f"{narrow}=64", f"{wide}=128"]) == 0
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    # layerscale has no width-128 study: left out; ordered by variant, width, depth
+    assert [(r["variant"], r["embed_dim"], r["depth"]) for r in rows] == [
+        ("vit", "64", "6"), ("vit", "64", "12"), ("vit", "128", "6"), ("vit", "128", "12"),
+        ("deepvit", "64", "6"), ("deepvit", "64", "12"), ("deepvit", "128", "6"), ("deepvit", "128", "12")]
+    assert float(rows[3]["mean_similarity_mean"]) == pytest.approx(0.42)
+    assert out.with_suffix(".png").stat().st_size > 0 and not list(out.parent.glob("*.tmp*"))
+    assert t.main([str(page), "--by-width", str(out), f"{narrow}=64", str(tmp_path / "missing.csv") + "=128"]) == 2
+    assert "missing.csv not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        t.main([str(page), "--by-width", str(out), f"{narrow}=64", f"{wide}=wide"])
+
+
 def test_pending_markers_name_columns_the_studies_write() -> None:
     """A table not yet filled must still name columns its study's summary.csv will have."""
     from vitlab.experiments import depth_study, sweep
