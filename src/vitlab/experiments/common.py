@@ -423,8 +423,8 @@ def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | 
         return (f"{head}; they are under-trained or failed to train, so their differences are not a finding: "
                 f"{more_epochs}")
     # more epochs cannot help a run that diverged: its numbers are those of its last finite weights
-    fix = ("a lower --lr or --clip-grad 1.0 would let them train (their accuracy is that of their last finite "
-           "weights; the diverged column names them)")
+    fix = ("a lower --lr may let them train (their accuracy is that of their last finite weights; the diverged "
+           "column names them, and each run's summary.json says where it diverged)")
     if diverged == len(marked):
         return f"{head}; {'all of them' if diverged > 1 else 'it'} diverged: {fix}"
     return (f"{head}; {diverged} of them diverged: {fix}; the others are under-trained or failed to train, so "
