@@ -709,6 +709,31 @@ def test_depth_study_command(tmp_path: Path, monkeypatch):
     assert main(argv) == 0 and calls == []
 
 
+def test_depth_accuracy_figure_zooms_on_trained_points(tmp_path: Path, monkeypatch):
+    from vitlab.experiments import depth_study
+
+    def row(variant, depth, acc, undertrained=False, diverged=0):
+        return {"variant": variant, "depth": depth, "test_acc_mean": acc, "test_acc_std": 0.0,
+                "undertrained": undertrained, "diverged": diverged}
+
+    trained = [row("vit", 2, 0.97), row("vit", 4, 0.975), row("fixup", 2, 0.98)]
+    failed = [row("fixup", 4, 0.10, True, 2)]
+    drawn = []
+    real = depth_study.plot_against_depth
+
+    def spy(agg, variants, panels, path, title, subsets=None):
+        drawn.append((panels, subsets))
+        return real(agg, variants, panels, path, title, subsets=subsets)
+
+    monkeypatch.setattr(depth_study, "plot_against_depth", spy)
+    depth_study.plot_accuracy(trained + failed, ["vit", "fixup"], tmp_path / "a.png")
+    panels, subsets = drawn[-1]
+    assert len(panels) == 2 and subsets[0] == trained + failed and subsets[1] == trained  # the zoom leaves it out
+    depth_study.plot_accuracy(trained, ["vit", "fixup"], tmp_path / "b.png")
+    assert len(drawn[-1][0]) == 1 and drawn[-1][1] is None  # nothing to zoom on
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
+
+
 def test_compare_parsing(tmp_path: Path):
     from vitlab.experiments.compare import entries, parse_model_sets, parse_models, parse_pretrained
 

@@ -271,16 +271,21 @@ def curves(agg: list[dict[str, Any]], value: str, variants: list[str]) -> dict[s
 
 
 def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: list[tuple[str, str, float]],
-                       path: str | Path, title: str) -> Path:
-    """One panel per ``(value, ylabel, scale)``: a line per variant with mean +- std over seeds against depth."""
+                       path: str | Path, title: str, subsets: list[list[dict[str, Any]]] | None = None) -> Path:
+    """One panel per ``(value, ylabel, scale)``: a line per variant with mean +- std over seeds against depth
+    (panel ``i`` draws the rows ``subsets[i]`` when given, else all of ``agg``); a variant keeps its colour
+    across panels."""
     from vitlab.analysis.plots import new_figure, save
 
     fig = new_figure(5.0 * len(panels), 3.9)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     depths = sorted({a["depth"] for a in agg})
-    for ax, (value, ylabel, scale) in zip(axes, panels):
-        for variant, (x, m, s) in curves(agg, value, variants).items():
-            ax.errorbar(x, [scale * v for v in m], yerr=[scale * v for v in s], marker="o", capsize=3, label=variant)
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    for i, (ax, (value, ylabel, scale)) in enumerate(zip(axes, panels)):
+        rows = subsets[i] if subsets is not None else agg
+        for variant, (x, m, s) in curves(rows, value, variants).items():
+            ax.errorbar(x, [scale * v for v in m], yerr=[scale * v for v in s], marker="o", capsize=3, label=variant,
+                        color=colours[variant])
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths, [str(d) for d in depths])
         ax.minorticks_off()
@@ -290,6 +295,18 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
     return save(fig, path)
+
+
+def plot_accuracy(agg: list[dict[str, Any]], variants: list[str], path: str | Path) -> Path:
+    """Test accuracy against depth per variant; when some points are under-trained or diverged (they sit tens of
+    points below and flatten every other line), a second panel shows the trained points alone at their scale."""
+    title = "test accuracy against depth (mean +- std over seeds)"
+    panels = [("test_acc", "test accuracy (%)", 100.0)]
+    trained = [a for a in agg if not a.get("undertrained") and not a.get("diverged")]
+    if not trained or len(trained) == len(agg):
+        return plot_against_depth(agg, variants, panels, path, title)
+    panels.append(("test_acc", "test accuracy (%), trained points only", 100.0))
+    return plot_against_depth(agg, variants, panels, path, title, subsets=[agg, trained])
 
 
 def plot_ratios(ratio_rows: list[dict[str, Any]], variants: list[str], depths: list[int], path: str | Path) -> Path:
@@ -419,8 +436,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     write_csv(out / "summary.csv", agg)
     write_csv(out / "residual_ratios.csv", ratio_rows)
     write_csv(out / "collapse_layers.csv", layer_rows)
-    plot_against_depth(agg, variants, [("test_acc", "test accuracy (%)", 100.0)], out / "accuracy_vs_depth.png",
-                       "test accuracy against depth (mean +- std over seeds)")
+    plot_accuracy(agg, variants, out / "accuracy_vs_depth.png")
     collapse_panels = [("mean_similarity", "mean cross-layer similarity", 1.0),
                        ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)]
     pre_mix = any(r["mean_similarity_pre_mix"] == r["mean_similarity_pre_mix"] for r in rows)
