@@ -195,9 +195,13 @@ def test_pending_markers_name_columns_the_studies_write() -> None:
             continue
         source = t.table_source(b.spec)
         study = Path(source).parts[1]
+        fields = {m.group(1) for m in t.FIELD.finditer(b.spec)}
+        if source.endswith("by_width.csv"):  # findings_tables --by-width writes it
+            assert fields <= {"variant", "embed_dim", "depth", *t.BY_WIDTH_COLUMNS}, fields
+            checked += 1
+            continue
         if not source.endswith("summary.csv") or study == "table1":
             continue
-        fields = {m.group(1) for m in t.FIELD.finditer(b.spec)}
         if study.startswith("depth"):
             known = agg(depth_study.VALUES) | {"variant", "depth"}
         else:
