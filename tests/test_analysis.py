@@ -17,6 +17,7 @@ from vitlab.analysis import (
     TokenLayout,
     analyze_model,
     atomic_path,
+    attention_entropy,
     attention_gradients,
     class_attention_rollout,
     class_token_attention,
@@ -144,6 +145,25 @@ def test_collapse_bad_input_is_one_line():
     with pytest.raises(ConfigError) as exc:
         similar_blocks(torch.eye(3), threshold=1.5)
     one_line(exc)
+
+
+def test_attention_entropy_on_hand_built_maps():
+    uniform = torch.full((2, 3, 5, 5), 1 / 5)
+    one_hot = F.one_hot(torch.randint(0, 5, (2, 3, 5)), 5).float()
+    half = torch.zeros(1, 1, 1, 4)
+    half[..., :2] = 0.5  # two keys of four: log 2 / log 4
+    got = attention_entropy([uniform, one_hot, half])
+    torch.testing.assert_close(got, torch.tensor([1.0, 0.0, 0.5]))
+    logits = torch.randn(2, 3, 5, 5)
+    p = logits.softmax(-1)
+    expected = (-(p * p.log()).sum(-1) / torch.log(torch.tensor(5.0))).mean()
+    torch.testing.assert_close(attention_entropy([p])[0], expected)
+    # maps mixed over heads after the softmax are not probability rows: refused with the fix named
+    with pytest.raises(ConfigError) as exc:
+        attention_entropy([p - 0.2])
+    assert "record_pre_mix" in one_line(exc)
+    with pytest.raises(ConfigError):
+        attention_entropy([torch.ones(1, 1, 1, 1)])
 
 
 def test_cait_groups_self_and_class_attention_apart():

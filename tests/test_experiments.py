@@ -559,7 +559,8 @@ def test_depth_study_curves_average_over_seeds():
                      "mean_similarity": acc / 2,
                      "similar_fraction": 0.5, "mean_similar_blocks": 1.0, "ratio_attn_mean": 0.1,
                      "ratio_mlp_mean": 0.2, "mean_similarity_pre_mix": float("nan"),
-                     "similar_fraction_pre_mix": float("nan"), "mean_similar_blocks_pre_mix": float("nan")})
+                     "similar_fraction_pre_mix": float("nan"), "mean_similar_blocks_pre_mix": float("nan"),
+                     "attn_entropy": 0.5})
     lines = curves(depth_aggregate(rows), "test_acc", ["vit", "cait", "rezero"])
     assert list(lines) == ["vit", "cait"]
     depths, means, stds = lines["vit"]
@@ -618,7 +619,7 @@ def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):
 
 
 def test_depth_study_diagnoses_reattention_before_the_head_mix(tmp_path: Path):
-    from vitlab.analysis import collapse_groups
+    from vitlab.analysis import attention_entropy, collapse_groups
     from vitlab.checkpoint import save_checkpoint
     from vitlab.data import normalize
     from vitlab.experiments.depth_study import diagnose, diagnostic_columns, per_layer_rows
@@ -645,14 +646,27 @@ def test_depth_study_diagnoses_reattention_before_the_head_mix(tmp_path: Path):
     spec = RunSpec("r", RunConfig(), {"variant": "deepvit", "depth": 3, "seed": 0})
     layers = per_layer_rows(spec, diag)[1]
     assert [r["maps"] for r in layers] == ["recorded"] * 3 + ["pre_mix"] * 3
+    # the entropy is that of the softmax maps before the mix (the mixed ones are not probability rows)
+    assert diag["entropy"]["layers"] == [0, 1, 2]
+    torch.testing.assert_close(torch.tensor(diag["entropy"]["values"]), attention_entropy(list(pre_mix)))
+    assert cols["attn_entropy"] == pytest.approx(sum(diag["entropy"]["values"]) / 3)
     # a diagnostics.json written before the pre-mix maps were recorded is recomputed
-    old = {k: v for k, v in diag.items() if k not in ("collapse_pre_mix", "version")}
+    old = {k: v for k, v in diag.items() if k not in ("collapse_pre_mix", "version", "entropy")}
     (tmp_path / "diagnostics.json").write_text(json.dumps(old))
     assert "collapse_pre_mix" in diagnose(tmp_path, images, None, [], mean, std, threshold=0.5)
+    # ... unless the run has no weights (restored from its committed record): kept, the new measures NaN
+    (tmp_path / "diagnostics.json").write_text(json.dumps({**old, "version": 2}))
+    (tmp_path / "model.safetensors").unlink()
+    kept = diagnose(tmp_path, images, None, [], mean, std, threshold=0.5)
+    assert kept == {**old, "version": 2} and math.isnan(diagnostic_columns(kept)["attn_entropy"])
+    with pytest.raises(CheckpointError):  # no diagnostics for these settings and no weights: the error stays
+        diagnose(tmp_path, images, None, [], mean, std, threshold=0.7)
     plain = create_model("vit_mnist", depth=2).eval()
     save_checkpoint(tmp_path / "plain", plain)
     diag = diagnose(tmp_path / "plain", images, None, [], mean, std, threshold=0.5)
     assert diag["collapse_pre_mix"] == [] and math.isnan(diagnostic_columns(diag)["mean_similarity_pre_mix"])
+    with torch.no_grad():  # a plain ViT's recorded maps are its softmax maps
+        torch.testing.assert_close(torch.tensor(diag["entropy"]["values"]), attention_entropy(plain.attention_maps(x)))
 
 
 def test_talking_heads_maps_are_recorded_before_their_post_softmax_mix(tmp_path: Path):

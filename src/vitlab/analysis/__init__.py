@@ -18,8 +18,10 @@ from vitlab.analysis.collapse import (
     CollapseGroup,
     SimilarityMeter,
     adjacent_similarity,
+    attention_entropy,
     collapse_groups,
     cross_layer_similarity,
+    is_probability_rows,
     similar_blocks,
 )
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
@@ -43,9 +45,9 @@ from vitlab.analysis.rollout import (
 __all__ = [
     "HEAD_FUSIONS", "METHODS", "AnalysisResult", "AttentionGradients", "BlockRatio", "CollapseGroup", "Rollout",
     "Section", "SimilarityMeter", "TokenLayout", "adjacent_similarity", "analyze_model", "atomic_path",
-    "attention_gradients", "class_attention_rollout", "class_token_attention", "collapse_groups",
+    "attention_entropy", "attention_gradients", "class_attention_rollout", "class_token_attention", "collapse_groups",
     "cross_layer_similarity", "discard_lowest", "explain", "fuse_heads", "gated_blocks", "gradient_rollout",
-    "model_rollout", "patch_pos_embed", "pos_embed_similarity", "read_csv", "readout_attention", "readout_label",
-    "residual_ratios", "rollout", "similar_blocks", "similarity_grid", "stack_ratios", "summarize_ratios", "to_grid",
-    "versions", "write_csv", "write_json", "write_report",
+    "is_probability_rows", "model_rollout", "patch_pos_embed", "pos_embed_similarity", "read_csv",
+    "readout_attention", "readout_label", "residual_ratios", "rollout", "similar_blocks", "similarity_grid",
+    "stack_ratios", "summarize_ratios", "to_grid", "versions", "write_csv", "write_json", "write_report",
 ]

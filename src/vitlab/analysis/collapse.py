@@ -131,6 +131,38 @@ def collapse_groups(maps: list[Tensor], threshold: float = 0.9) -> list[Collapse
     return groups
 
 
+def is_probability_rows(m: Tensor, atol: float = 1e-3) -> bool:
+    """Whether ``(..., T_k)`` maps are softmax rows: non-negative, each summing to 1 (within ``atol``)."""
+    m = m.detach().float()
+    return bool(m.min() >= -atol and torch.allclose(m.sum(-1), torch.ones((), device=m.device), atol=atol))
+
+
+def attention_entropy(maps: list[Tensor]) -> Tensor:
+    """``(L,)`` normalised entropy of each layer's attention rows: ``H(row) / log(T_k)``, averaged over batch,
+    heads and queries; 1 for uniform attention (every key weighted ``1 / T_k``), 0 when each query attends to
+    one key. Near-uniform maps are alike whatever the layer, so a high cross-layer similarity of maps whose
+    entropy is near 1 says the layers do not focus, not that they focus on the same tokens.
+
+    ``maps``: ``(B, heads, T_q, T_k)`` softmax maps, ``T_k > 1``. Maps mixed over heads after the softmax
+    (re-attention, talking heads) are not probability rows and are refused: record them before the mix with
+    :func:`vitlab.layers.record_pre_mix`."""
+    if len(maps) == 0:
+        raise ConfigError("no attention maps; pass model.attention_maps(x) of a model with attention")
+    out = []
+    for i, m in enumerate(maps):
+        if m.dim() != 4 or m.shape[-1] < 2:
+            raise ConfigError(f"attention map {i} has shape {tuple(m.shape)}; expected (B, heads, T_q, T_k) with "
+                              "T_k > 1")
+        if not is_probability_rows(m):
+            raise ConfigError(f"attention map {i} is not softmax rows (negative entries or rows not summing to 1), "
+                              "e.g. mixed over heads after the softmax; record the maps before the mix with "
+                              "vitlab.layers.record_pre_mix")
+        p = m.detach().float().clamp_min(0)
+        h = -(p * p.clamp_min(1e-12).log()).sum(-1)  # (B, H, T_q), 0 log 0 = 0
+        out.append(h.mean() / torch.log(torch.tensor(float(m.shape[-1]))))
+    return torch.stack(out)
+
+
 class SimilarityMeter:
     """Running batch-weighted mean of :func:`collapse_groups` over chunks of one data set."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitlab.errors import ConfigError
+from vitlab.errors import CheckpointError, ConfigError
 from vitlab.experiments.common import (
     RunSpec,
     aggregate,
@@ -130,8 +130,9 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
     return specs
 
 
-# what diagnostics.json holds; an older one is recomputed. 2: pre-mix maps of talking heads too (1: re-attention's)
-DIAG_VERSION = 2
+# what diagnostics.json holds; an older one is recomputed (or, without weights, kept). 2: pre-mix maps of talking
+# heads too (1: re-attention's); 3: the entropy of the softmax maps per layer
+DIAG_VERSION = 3
 
 
 def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: tuple, std: tuple, *,
@@ -145,18 +146,28 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
     ``collapse_pre_mix`` also compares their softmax maps before that mix (empty for models without either)."""
     import torch
 
-    from vitlab.analysis import SimilarityMeter, analyze_model, residual_ratios, write_json
+    from vitlab.analysis import SimilarityMeter, analyze_model, attention_entropy, residual_ratios, write_json
     from vitlab.analysis.analyze import model_inputs
+    from vitlab.analysis.collapse import is_probability_rows
     from vitlab.checkpoint import load_model
     from vitlab.layers.attention import record_pre_mix
 
     path = run_dir / "diagnostics.json"
+    old = None
     if path.is_file() and not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
         diag = json.loads(path.read_text())
-        if (diag.get("threshold") == threshold and diag.get("num_images") == len(images)
-                and diag.get("version") == DIAG_VERSION):
-            return diag
-    model = load_model(run_dir).eval()
+        if diag.get("threshold") == threshold and diag.get("num_images") == len(images):
+            if diag.get("version") == DIAG_VERSION:
+                return diag
+            old = diag
+    try:
+        model = load_model(run_dir).eval()
+    except CheckpointError:
+        if old is None:
+            raise
+        # a run restored from its committed record has no weights: its older diagnostics stay, the measures
+        # added since read NaN
+        return old
     if full_report:
         cmd = ["vitlab", "analyze", "--checkpoint", str(run_dir), "--output", str(run_dir / "analysis"),
                "--num-images", str(len(images)), "--threshold", f"{threshold:g}"]
@@ -164,15 +175,25 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
                       threshold=threshold, batch_size=batch_size, command=cmd, title=f"Analysis of {run_dir.name}")
     x = model_inputs(model, images, mean, std)
     meter, pre_meter = SimilarityMeter(threshold), SimilarityMeter(threshold)
+    entropy, entropy_layers = None, []
     with torch.no_grad():
         for chunk in x.split(batch_size):
             with record_pre_mix(model.modules()) as pre_mix:
-                meter.update(model.attention_maps(chunk))
+                maps = model.attention_maps(chunk)
+            meter.update(maps)
             if pre_mix:
                 pre_meter.update(list(pre_mix))
+            # the softmax maps: before the head mix where the model mixes after the softmax
+            softmax = list(pre_mix) or maps
+            layers = [i for i, m in enumerate(softmax) if m.shape[-2] == m.shape[-1] and is_probability_rows(m)]
+            if layers:
+                e = attention_entropy([softmax[i] for i in layers]) * chunk.shape[0]
+                entropy, entropy_layers = (e if entropy is None else entropy + e), layers
     diag = {"version": DIAG_VERSION, "threshold": threshold, "num_images": len(images),
             "collapse": _collapse_rows(meter.compute()),
             "collapse_pre_mix": _collapse_rows(pre_meter.compute()) if pre_meter.count else [],
+            "entropy": {"layers": entropy_layers,
+                        "values": (entropy / len(images)).tolist() if entropy is not None else []},
             "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)]}
     write_json(path, diag)
     return diag
@@ -195,6 +216,10 @@ def _collapse_columns(groups: list[dict[str, Any]], suffix: str = "") -> dict[st
     }
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
 def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
     """The per-run numbers of the study: self-attention collapse (of the recorded maps, and ``*_pre_mix`` of
     the softmax maps before the head mix of re-attention or talking heads: NaN without either) and
@@ -206,6 +231,7 @@ def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
     return {
         **_collapse_columns(diag["collapse"]),
         **_collapse_columns(diag.get("collapse_pre_mix", []), "_pre_mix"),
+        "attn_entropy": _mean(diag.get("entropy", {}).get("values", [])),
         "ratio_attn_mean": sum(attn) / len(attn) if attn else float("nan"),
         "ratio_mlp_mean": sum(mlp) / len(mlp) if mlp else float("nan"),
         "ratio_attn_last": attn[-1] if attn else float("nan"),
@@ -214,7 +240,8 @@ def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
 
 
 DIAG_VALUES = ("mean_similarity", "similar_fraction", "mean_similar_blocks", "mean_similarity_pre_mix",
-               "similar_fraction_pre_mix", "mean_similar_blocks_pre_mix", "ratio_attn_mean", "ratio_mlp_mean")
+               "similar_fraction_pre_mix", "mean_similar_blocks_pre_mix", "attn_entropy", "ratio_attn_mean",
+               "ratio_mlp_mean")
 VALUES = ("test_acc", "best_test_acc", "train_time_s", "train_cpu_s") + DIAG_VALUES
 
 
@@ -444,6 +471,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         collapse_panels += [("mean_similarity_pre_mix", "before the head mix: mean similarity", 1.0),
                             ("similar_fraction_pre_mix", f"before the mix: layers with a similar block "
                                                          f"(> {threshold:g})", 1.0)]
+    if any(r.get("attn_entropy") == r.get("attn_entropy") for r in rows):  # NaN only for older diagnostics
+        collapse_panels.append(("attn_entropy", "entropy of the softmax maps (1 = uniform)", 1.0))
     plot_against_depth(agg, variants, collapse_panels, out / "collapse_vs_depth.png",
                        "attention collapse (self-attention maps)")
     plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
@@ -466,7 +495,9 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     pre_mix_text = (" For re-attention (deepvit) and talking heads (cait) the recorded maps are mixed over heads "
                     "after the softmax (re-attention's also normalised), so their cosines sit near 0 partly by "
                     "construction; the *_pre_mix columns and the 'pre-mix' panels compare their softmax maps before "
-                    "that mix, on the same scale as the other variants' maps."
+                    "that mix, on the same scale as the other variants' maps. The attn_entropy column is the mean "
+                    "normalised entropy of each model's softmax maps (1: uniform attention); near-uniform maps are "
+                    "alike in every layer, so read a high similarity beside it."
                     if pre_mix else "")
     sections = [
         *warning_section(rows, ("variant", "depth", "seed"), warning),
