@@ -281,7 +281,7 @@ def residual_cv(src: Path, dst: Path) -> None:
 BY_WIDTH_COLUMNS = ("n", "test_acc_mean", "test_acc_std", "mean_similarity_mean", "mean_similarity_std",
                     "similar_fraction_mean", "mean_similar_blocks_mean", "mean_similarity_pre_mix_mean",
                     "mean_similarity_pre_mix_std", "similar_fraction_pre_mix_mean", "mean_similar_blocks_pre_mix_mean",
-                    "undertrained", "diverged")
+                    "attn_entropy_mean", "undertrained", "diverged")
 
 
 def _finite(value: str) -> float | None:

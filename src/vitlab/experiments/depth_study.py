@@ -304,8 +304,12 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
     across panels."""
     from vitlab.analysis.plots import new_figure, save
 
-    fig = new_figure(5.0 * len(panels), 3.9)
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    cols = min(3, len(panels))  # more than three panels wrap onto further rows
+    nrows = -(-len(panels) // cols)
+    fig = new_figure(5.0 * cols, 3.9 * nrows)
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
     depths = sorted({a["depth"] for a in agg})
     colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     for i, (ax, (value, ylabel, scale)) in enumerate(zip(axes, panels)):
