@@ -269,12 +269,19 @@ def residual_cv(src: Path, dst: Path) -> None:
             stats += [statistics.fmean(cvs) if cvs else math.nan,
                       statistics.stdev(cvs) if len(cvs) > 1 else (0.0 if cvs else math.nan)]
         table.append([variant, depth, len(g["attn"]), *stats])
+    header = ["variant", "depth", "seeds", "cv_attn_mean", "cv_attn_std", "cv_mlp_mean", "cv_mlp_std"]
+    _write_csv(dst, header, [dict(zip(header, row)) for row in table])
+
+
+def _write_csv(dst: Path, fields: list[str], rows: list[dict]) -> None:
+    """``rows`` (columns ``fields``, others ignored, missing ones empty) to ``dst`` through a temporary file, so
+    an interrupted write never leaves a half-written CSV."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + ".tmp")
     with tmp.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["variant", "depth", "seeds", "cv_attn_mean", "cv_attn_std", "cv_mlp_mean", "cv_mlp_std"])
-        w.writerows(table)
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore", restval="")
+        w.writeheader()
+        w.writerows(rows)
     tmp.replace(dst)
 
 
@@ -305,14 +312,7 @@ def by_width(out: Path, sources: list[tuple[Path, int]]) -> list[dict[str, str]]
     order = list(dict.fromkeys(r["variant"] for t in tables for r in t if r["variant"] in common))
     rows = sorted((r for t in tables for r in t if r["variant"] in common),
                   key=lambda r: (order.index(r["variant"]), int(r["embed_dim"]), int(r["depth"])))
-    fields = ["variant", "embed_dim", "depth", *BY_WIDTH_COLUMNS]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore", restval="")
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(out)
+    _write_csv(out, ["variant", "embed_dim", "depth", *BY_WIDTH_COLUMNS], rows)
     _draw_by_width(rows, out.with_suffix(".png"))
     return rows
 
