@@ -325,7 +325,7 @@ def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
 
     widths = sorted({int(r["embed_dim"]) for r in rows})
     styles = dict(zip(widths, ("-", "--", ":", "-.")))
-    fig, (sim, acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (sim, ent, acc) = plt.subplots(1, 3, figsize=(15, 4))
     colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
     for variant in dict.fromkeys(r["variant"] for r in rows):
         for column, label in (("mean_similarity_mean", ""), ("mean_similarity_pre_mix_mean", " before the mix")):
@@ -339,16 +339,24 @@ def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
                     sim.plot(*zip(*pts), styles[width], marker="o", color=colour,
                              label=f"{variant}{label}, width {width}")
                 if not label:
-                    pts = sorted((int(r["depth"]), 100 * float(r["test_acc_mean"]))
-                                 for r in rows if r["variant"] == variant and int(r["embed_dim"]) == width)
+                    mine_w = [r for r in rows if r["variant"] == variant and int(r["embed_dim"]) == width]
+                    pts = sorted((int(r["depth"]), 100 * float(r["test_acc_mean"])) for r in mine_w)
                     acc.plot(*zip(*pts), styles[width], marker="o", color=colour, label=f"{variant}, width {width}")
+                    pts = sorted((int(r["depth"]), _finite(r.get("attn_entropy_mean", ""))) for r in mine_w
+                                 if _finite(r.get("attn_entropy_mean", "")) is not None)
+                    if pts:
+                        ent.plot(*zip(*pts), styles[width], marker="o", color=colour,
+                                 label=f"{variant}, width {width}")
     sim.axhline(0.9, color="grey", lw=0.8, ls=":")
     sim.set(xlabel="depth (blocks)", ylabel="mean cross-layer cosine similarity",
             title="attention similarity against depth and width")
+    ent.set(xlabel="depth (blocks)", ylabel="normalised entropy (1 = uniform)", ylim=(0, 1.05),
+            title="entropy of the softmax maps (before any mix)")
     acc.set(xlabel="depth (blocks)", ylabel="test accuracy (%)", title="accuracy (mean over seeds)")
-    for ax in (sim, acc):
+    for ax in (sim, ent, acc):
         ax.set_xticks(sorted({int(r["depth"]) for r in rows}))
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # the entropy panel is empty for older studies
+            ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     tmp = png.with_name(png.stem + ".tmp.png")
