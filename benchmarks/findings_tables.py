@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import re
 import shutil
@@ -318,15 +319,13 @@ def by_width(out: Path, sources: list[tuple[Path, int]]) -> list[dict[str, str]]
 
 
 def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from vitlab.analysis.plots import new_figure, save
 
     widths = sorted({int(r["embed_dim"]) for r in rows})
     styles = dict(zip(widths, ("-", "--", ":", "-.")))
-    fig, (sim, ent, acc) = plt.subplots(1, 3, figsize=(15, 4))
-    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    fig = new_figure(15, 4)
+    sim, ent, acc = fig.subplots(1, 3)
+    colours = (f"C{i % 10}" for i in itertools.count())
     for variant in dict.fromkeys(r["variant"] for r in rows):
         for column, label in (("mean_similarity_mean", ""), ("mean_similarity_pre_mix_mean", " before the mix")):
             mine = [r for r in rows if r["variant"] == variant and _finite(r.get(column, "")) is not None]
@@ -358,11 +357,7 @@ def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
         if ax.get_legend_handles_labels()[0]:  # the entropy panel is empty for older studies
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    tmp = png.with_name(png.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(png)
+    save(fig, png)
 
 
 def _width_source(text: str) -> tuple[Path, int]:

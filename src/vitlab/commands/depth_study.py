@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
               + (f" (before the head mix {a['mean_similarity_pre_mix_mean']:.3f}, "
                  f"{100 * a['similar_fraction_pre_mix_mean']:.0f}%)"
                  if a["mean_similarity_pre_mix_mean"] == a["mean_similarity_pre_mix_mean"] else "")
-              + (f", entropy {a['attn_entropy_mean']:.2f}" if a.get("attn_entropy_mean", math.nan) == a.get(
-                  "attn_entropy_mean", math.nan) else "")
+              + (f", entropy {a['attn_entropy_mean']:.2f}" if math.isfinite(a.get("attn_entropy_mean", math.nan))
+                 else "")
               + f", residual ratio attn {a['ratio_attn_mean_mean']:.3f} mlp {a['ratio_mlp_mean_mean']:.3f}"
               + ("  [under-trained]" if a["undertrained"] else "")
               + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else ""))

@@ -426,7 +426,7 @@ def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | 
     fix = ("a lower --lr may let them train (their accuracy is that of their last finite weights; the diverged "
            "column names them, and each run's summary.json says where it diverged)")
     if diverged == len(marked):
-        return f"{head}; {'all of them' if diverged > 1 else 'it'} diverged: {fix}"
+        return f"{head}; {'all of them' if diverged > 1 else 'that run'} diverged: {fix}"
     return (f"{head}; {diverged} of them diverged: {fix}; the others are under-trained or failed to train, so "
             f"their differences are not a finding: {more_epochs}")
 

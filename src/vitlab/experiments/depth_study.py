@@ -232,8 +232,8 @@ def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
         **_collapse_columns(diag["collapse"]),
         **_collapse_columns(diag.get("collapse_pre_mix", []), "_pre_mix"),
         "attn_entropy": _mean(diag.get("entropy", {}).get("values", [])),
-        "ratio_attn_mean": sum(attn) / len(attn) if attn else float("nan"),
-        "ratio_mlp_mean": sum(mlp) / len(mlp) if mlp else float("nan"),
+        "ratio_attn_mean": _mean(attn),
+        "ratio_mlp_mean": _mean(mlp),
         "ratio_attn_last": attn[-1] if attn else float("nan"),
         "ratio_mlp_last": mlp[-1] if mlp else float("nan"),
     }
