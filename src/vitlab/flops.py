@@ -30,6 +30,7 @@ from vitlab.layers import (
     SwiGLU,
 )
 from vitlab.layers.block import ResidualGates
+from vitlab.layers.fixup import FixupGate
 from vitlab.models.base import FlopRow, VitlabModel, module_flops
 
 TYPES = ("patch_embed", "attention", "reattention", "class_attention", "mlp", "norm", "layerscale", "gate",
@@ -99,7 +100,8 @@ def module_type(module: nn.Module, name: str = "") -> str:
     """The summary type of an arithmetic module."""
     kinds = ((PatchEmbed, "patch_embed"), (ConvStem, "patch_embed"), (ReAttention, "reattention"),
              (ClassAttention, "class_attention"), (Attention, "attention"), (Mlp, "mlp"), (SwiGLU, "mlp"),
-             (LayerScale, "layerscale"), (ScalarGate, "gate"), (nn.LayerNorm, "norm"), (nn.RMSNorm, "norm"))
+             (LayerScale, "layerscale"), (ScalarGate, "gate"), (FixupGate, "gate"), (nn.LayerNorm, "norm"),
+             (nn.RMSNorm, "norm"))
     for cls, kind in kinds:
         if isinstance(module, cls):
             return kind
@@ -127,8 +129,10 @@ def _gate(block: ResidualGates, i: int, name: str, tokens: int) -> Iterator[Flop
     gate = getattr(block, f"ls{i}")
     if isinstance(gate, LayerScale):
         yield _entry(f"{name}.ls{i}", gate, tokens)
-    elif isinstance(gate, ScalarGate):  # one scalar times every element of the branch
-        yield FlopEntry(f"{name}.ls{i}", "gate", "ScalarGate", _params(gate), tokens, tokens * block.dim, 0)
+    elif isinstance(gate, ScalarGate | FixupGate):  # one scalar times every element of the branch (Fixup: + a bias)
+        yield FlopEntry(f"{name}.ls{i}", "gate", type(gate).__name__, _params(gate), tokens, tokens * block.dim, 0)
+    elif _params(gate):
+        raise TypeError(f"no FLOP rule for the {type(gate).__name__} gate {name}.ls{i}")
 
 
 def _expand(row: FlopRow) -> Iterator[FlopEntry]:
@@ -161,6 +165,10 @@ def summarize(model: VitlabModel) -> FlopSummary:
         if id(p) not in counted:
             kind = "pos_embed" if name.endswith("pos_embed") else "tokens"
             rows.append(FlopEntry(name, kind, "Parameter", p.numel(), 0, 0, 0))
+    total = sum(p.numel() for p in model.parameters())
+    if sum(r.params for r in rows) != total:  # a module of a block that no row covers: never a silent undercount
+        raise RuntimeError(f"the FLOP summary of {cfg.name or cfg.arch} counts {sum(r.params for r in rows):,} of its "
+                           f"{total:,} parameters; a block part has no row in vitlab.flops._expand")
     tokens = max((r.num_tokens for r in model.flop_rows()), default=0)
     return FlopSummary(cfg.name or cfg.arch, cfg.img_size, cfg.patch_size, cfg.in_chans, tokens, rows)
 
