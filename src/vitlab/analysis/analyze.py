@@ -30,6 +30,7 @@ from vitlab.analysis.rollout import attention_gradients, check_options, model_ro
 from vitlab.errors import ConfigError, DataError
 from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
+from vitlab.models.eval_mode import analysis_mode
 
 OUTPUTS = ("collapse_similarity.png", "collapse_similarity.csv", "collapse_layers.csv", "collapse_similar_blocks.png",
            "residual_ratios.png", "residual_ratios.csv", "attention_heads.png", "attention_rollout.png",
@@ -117,8 +118,8 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     patch tokens when it average-pools). ``layer`` picks the attention map drawn per head (default: the
     last map the head depends on; CaiT: the last class-attention layer, or with average pooling the last
     self-attention layer). ``method``, ``head_fusion``, ``discard_ratio`` and ``target_class`` choose the
-    rollout (see :mod:`vitlab.analysis.rollout`). The model runs in eval mode on its own device and is put
-    back as it was.
+    rollout (see :mod:`vitlab.analysis.rollout`). The model runs in eval mode
+    (:func:`~vitlab.models.eval_mode.analysis_mode`) on its own device and is put back as it was.
     """
     check_options(head_fusion, discard_ratio, method)
     if target_class is not None and method != "gradient":
@@ -132,15 +133,14 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output {out_dir} is a file; pass --output a folder")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.staging-"))
     try:
-        result = _run(model, x, images, stage, device=device, labels=labels, classes=classes, threshold=threshold,
-                      num_show=min(num_show, len(x)), layer=layer, batch_size=batch_size, command=command,
-                      title=title, method=method, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                      target_class=target_class)
+        with analysis_mode(model):
+            result = _run(model, x, images, stage, device=device, labels=labels, classes=classes,
+                          threshold=threshold, num_show=min(num_show, len(x)), layer=layer, batch_size=batch_size,
+                          command=command, title=title, method=method, head_fusion=head_fusion,
+                          discard_ratio=discard_ratio, target_class=target_class)
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in OUTPUTS:  # outputs of an earlier run this one did not produce would be stale
             if name not in result.files:
@@ -149,7 +149,6 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
         for name in result.files:  # index.html is last: it appears once everything it shows is there
             os.replace(stage / name, out_dir / name)
     finally:
-        model.train(was_training)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(stage)
     result.out_dir = out_dir

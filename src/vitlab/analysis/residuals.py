@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from vitlab.errors import ConfigError
 from vitlab.layers.block import ResidualGates
 from vitlab.layers.class_attention import ClassAttentionBlock
+from vitlab.models.eval_mode import analysis_mode
 
 
 @dataclass
@@ -53,12 +54,14 @@ def stack_ratios(ratios: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 def residual_ratios(model: nn.Module, images: Tensor, batch_size: int = 64) -> list[BlockRatio]:
     """Mean and std over ``images`` (normalised ``(B, C, H, W)``) of each block's residual ratios.
 
-    The model runs in its current mode, on its own device, ``batch_size`` images at a time.
+    The model runs in eval mode (its own mode put back afterwards), on its own device, ``batch_size`` images
+    at a time.
     """
     if images.dim() != 4 or len(images) == 0:
         raise ConfigError(f"images must be a non-empty (B, C, H, W) batch, got shape {tuple(images.shape)}")
     device = next(model.parameters()).device
-    parts = [stack_ratios(model.residual_ratios(chunk.to(device))) for chunk in images.split(batch_size)]
+    with analysis_mode(model):
+        parts = [stack_ratios(model.residual_ratios(chunk.to(device))) for chunk in images.split(batch_size)]
     return summarize_ratios(model, parts)
 
 

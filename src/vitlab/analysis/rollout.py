@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from vitlab.analysis.attention_maps import TokenLayout, to_grid
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import record_attention
+from vitlab.models.eval_mode import analysis_mode
 
 HEAD_FUSIONS = ("mean", "max", "min")
 METHODS = ("attention", "gradient")
@@ -212,15 +213,16 @@ class AttentionGradients:
 
 def attention_gradients(model: nn.Module, x: Tensor, target_class: int | None = None) -> AttentionGradients:
     """Record ``model``'s attention maps on ``x`` and the gradient of each image's target logit (default:
-    its predicted class) with respect to them. Works under ``torch.no_grad()``; parameters get no ``.grad``."""
-    with torch.enable_grad():
+    its predicted class) with respect to them. Works under ``torch.no_grad()``; parameters get no ``.grad``.
+    Runs in eval mode and puts the caller's mode back (:func:`~vitlab.models.eval_mode.analysis_mode`)."""
+    with torch.enable_grad(), analysis_mode(model):
         with record_attention(model.modules()) as maps:
             logits = model(x.detach().requires_grad_(True))  # an input that needs grad: maps join the graph
         target = _targets(logits, target_class)
         score = logits.gather(1, target[:, None]).sum()  # images are independent in eval mode
-    if not maps:
-        raise ConfigError("the model recorded no attention maps; analyse a vitlab model")
-    grads = torch.autograd.grad(score, maps, allow_unused=True)
+        if not maps:
+            raise ConfigError("the model recorded no attention maps; analyse a vitlab model")
+        grads = torch.autograd.grad(score, maps, allow_unused=True)
     grads = [torch.zeros_like(m) if g is None else g.detach() for m, g in zip(maps, grads)]
     return AttentionGradients([m.detach() for m in maps], grads, logits.detach(), target)
 
@@ -244,7 +246,8 @@ def _targets(logits: Tensor, target_class: int | None) -> Tensor:
 def explain(model: nn.Module, x: Tensor, *, method: str = "attention", target_class: int | None = None,
             head_fusion: str = "mean", discard_ratio: float = 0.0) -> Rollout:
     """Rollout of ``model`` on ``x`` ``(B, C, H, W)`` read as its head reads it. ``method="gradient"`` is
-    specific to ``target_class`` (default: each image's predicted class)."""
+    specific to ``target_class`` (default: each image's predicted class). Runs in eval mode, so an image's
+    relevance does not depend on the other images of ``x``, and puts the caller's mode back."""
     check_options(head_fusion, discard_ratio, method)
     if target_class is not None and method != "gradient":
         raise ConfigError("a target class applies to gradient rollout only; pass method='gradient'")
@@ -254,6 +257,6 @@ def explain(model: nn.Module, x: Tensor, *, method: str = "attention", target_cl
         r = model_rollout(ag.maps, layout, grads=ag.grads, head_fusion=head_fusion, discard_ratio=discard_ratio)
         r.target = ag.target
         return r
-    with torch.no_grad(), record_attention(model.modules()) as maps:
+    with torch.no_grad(), analysis_mode(model), record_attention(model.modules()) as maps:
         model(x)
     return model_rollout(maps, layout, head_fusion=head_fusion, discard_ratio=discard_ratio)

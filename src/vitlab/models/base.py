@@ -14,6 +14,7 @@ from vitlab.errors import ConfigError
 from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
 from vitlab.models.config import ModelConfig
+from vitlab.models.eval_mode import analysis_mode
 
 
 @dataclass
@@ -57,15 +58,17 @@ class VitlabModel(nn.Module):
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:
         """One ``(B, heads, T_query, T_key)`` map per attention layer, in forward order. Class-attention
-        layers give ``T_query == 1``. ``forward``'s output is unchanged; gradients flow unless the caller
-        wraps the call in ``torch.no_grad()``."""
-        with record_attention(self.modules()) as maps:
+        layers give ``T_query == 1``. Runs in eval mode (:func:`~vitlab.models.eval_mode.analysis_mode`: no
+        dropout, batch norms untouched) and puts the caller's mode back; gradients flow unless the caller wraps
+        the call in ``torch.no_grad()``."""
+        with analysis_mode(self), record_attention(self.modules()) as maps:
             self.forward(x)
         return list(maps)
 
     def residual_ratios(self, x: Tensor) -> list[dict[str, Tensor]]:
-        """Per gated block, ``{"attn": (B,), "mlp": (B,)}`` = ``||gate(branch(x))||_2 / ||x||_2`` (CaiT)."""
-        with record_residuals(self.modules()) as ratios:
+        """Per gated block, ``{"attn": (B,), "mlp": (B,)}`` = ``||gate(branch(x))||_2 / ||x||_2`` (CaiT), in
+        eval mode as :meth:`attention_maps`."""
+        with analysis_mode(self), record_residuals(self.modules()) as ratios:
             self.forward(x)
         return list(ratios)
 
