@@ -363,10 +363,18 @@ def test_position_embedding_resampling_keeps_prefix_slots(tmp_path: Path, name: 
 
 
 def test_fixed_sincos_table_is_recomputed_at_the_new_size(tmp_path: Path) -> None:
+    """The 2-D sin-cos table is computed for the new grid; the 1-D sinusoid, numbered row-major on the 4x4 grid it
+    was built for, is resampled as that 2-D grid (recomputed at 8x8 it would move patches to other places)."""
+    model = perturb(vitlab.create_model("vit_mnist", pos_embed="sincos2d"))
+    save_weights(model.state_dict(), tmp_path / "w.safetensors")
+    big = vitlab.load_pretrained(model.cfg, tmp_path / "w.safetensors", img_size=56)
+    assert torch.equal(big.pos_embed, vitlab.create_model("vit_mnist", pos_embed="sincos2d", img_size=56).pos_embed)
+    assert torch.equal(big.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
     model = perturb(vitlab.create_model("vit_mnist"))
     save_weights(model.state_dict(), tmp_path / "w.safetensors")
     big = vitlab.load_pretrained("vit_mnist", tmp_path / "w.safetensors", img_size=56)
-    assert torch.equal(big.pos_embed, vitlab.create_model("vit_mnist", img_size=56).pos_embed)
+    expected = resample_abs_pos_embed(model.pos_embed, [8, 8], num_prefix_tokens=1)  # timm, the oracle
+    torch.testing.assert_close(big.pos_embed, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(big.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
 
 

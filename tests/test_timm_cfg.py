@@ -165,11 +165,15 @@ def test_set_input_size_recomputes_fixed_tables_and_rope() -> None:
     for preset, extra in (("vit_mnist", {}), ("vit5_small", dict(embed_dim=64, num_heads=4)),
                           ("vit_tiny", dict(pos_embed="sincos2d", embed_dim=32, num_heads=4))):
         m = perturb(vitlab.create_model(preset, depth=1, img_size=28, patch_size=7, **extra))
+        before = m.pos_embed.detach().clone()
         m.set_input_size(img_size=42)
         fresh = vitlab.create_model(preset, depth=1, img_size=42, patch_size=7, **extra).eval()
         state = m.state_dict()
-        if m.cfg.pos_embed != "learned":
+        if m.cfg.pos_embed == "sincos2d":
             assert torch.equal(state["pos_embed"], fresh.state_dict()["pos_embed"])  # recomputed, not resampled
+        elif m.cfg.pos_embed == "sincos1d":  # row-major numbers of the 4x4 grid: resampled as that 2-D grid
+            want = timm_resample(before, (6, 6), (4, 4), num_prefix_tokens=1)
+            torch.testing.assert_close(state["pos_embed"], want, rtol=1e-5, atol=1e-5)
         fresh.load_state_dict(state)
         if m.rope is not None:
             torch.testing.assert_close(m.rope, fresh.rope)

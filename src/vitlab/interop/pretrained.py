@@ -26,6 +26,7 @@ from vitlab.checkpoint.weights import first_line
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm_state_dict
 from vitlab.layers import build_pos_embed, resample_abs_pos_embed
+from vitlab.layers.pos_embed import pos_embed_at_grid
 from vitlab.models import ModelConfig, VitlabModel, build_model, get_config
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
@@ -187,15 +188,15 @@ def _adapt_pos_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[
         return
     if isinstance(model.pos_embed, nn.Parameter):
         state["pos_embed"] = resample_abs_pos_embed(src, model.grid_size, num_prefix=slots, mode="bicubic")
-    else:  # a fixed sin-cos table is recomputed at the new size, not resampled
+    else:  # a fixed table moves to the new grid as the model would move it (pos_embed_at_grid)
         kind = model.cfg.pos_embed
         own = build_pos_embed(kind, grid_size=grid, dim=src.shape[-1], num_prefix=slots)
         if own is None or not torch.allclose(src.float(), own.to(src.dtype).float(), atol=1e-6):
             raise CheckpointError(f"the file's pos_embed ({grid}x{grid} grid) is not the fixed {kind} table this model "
-                                  f"recomputes at {model.grid_size}x{model.grid_size}, so replacing it would drop "
-                                  f"learned weights; load it into a model with pos_embed='learned' (resampled) or at "
+                                  f"builds at that grid, so replacing it would drop learned weights; load it into a "
+                                  f"model with pos_embed='learned' (resampled) or at "
                                   f"img_size={grid * model.cfg.patch_size} (its own grid)")
-        state["pos_embed"] = target["pos_embed"].clone()
+        state["pos_embed"] = pos_embed_at_grid(kind, src, model.grid_size, grid, num_prefix=slots)
 
 
 def _adapt_patch_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[str, Tensor]) -> None:

@@ -1,4 +1,8 @@
-"""Position embeddings: the Transformer's 1-D sinusoid, 2-D sin-cos, learned, or none."""
+"""Position embeddings: the Transformer's 1-D sinusoid, 2-D sin-cos, learned, or none.
+
+On another patch grid a table follows the patches' 2-D places (:func:`pos_embed_at_grid`): a learned table and the
+1-D sinusoid (whose numbering is row-major on the grid it was built for) are resampled as images of that grid, the
+2-D sin-cos table is computed for the new grid (a patch at row r, column c keeps its coordinates)."""
 
 from __future__ import annotations
 
@@ -93,3 +97,21 @@ def resample_abs_pos_embed(pos_embed: Tensor, new_grid: int | tuple[int, int], n
                                            antialias=mode in ("bilinear", "bicubic"))
     grid = grid.permute(0, 2, 3, 1).reshape(1, nh * nw, dim).to(pos_embed.dtype)  # (1, h'*w', D)
     return torch.cat([prefix, grid], dim=1)
+
+
+def pos_embed_at_grid(kind: str, pos_embed: Tensor, new_grid: int | tuple[int, int],
+                      old_grid: int | tuple[int, int], num_prefix: int = 0) -> Tensor:
+    """The ``kind`` table ``pos_embed`` ``(1, num_prefix + h*w, D)`` of an ``old_grid`` patch grid moved to
+    ``new_grid``, each patch keeping its 2-D place. ``learned`` and ``sincos1d`` are resampled bicubically (the
+    1-D sinusoid numbers the patches row-major on ``old_grid``, so a table recomputed on another grid would give a
+    patch the position of another place); ``sincos2d`` is computed for ``new_grid``. Prefix slots stay as they are."""
+    (oh, ow), (nh, nw) = grid_hw(old_grid), grid_hw(new_grid)
+    if (oh, ow) == (nh, nw):
+        return pos_embed
+    if kind in ("learned", "sincos1d"):
+        return resample_abs_pos_embed(pos_embed, (nh, nw), num_prefix=num_prefix, old_grid=(oh, ow))
+    if kind == "sincos2d":
+        table = sincos_2d((nh, nw), pos_embed.shape[-1]).to(pos_embed)
+        return torch.cat([pos_embed[:, :num_prefix], table[None]], dim=1)
+    raise ConfigError(f"no position table of kind {kind!r} to move to a {nh}x{nw} grid; "
+                      f"choose one of learned, sincos1d, sincos2d")

@@ -1,7 +1,8 @@
 """Changing the input size of a built model: ``set_input_size`` and the per-call grid of ``dynamic_img_size``.
 
-A learned position table is resampled bicubically (antialiased, as timm's ``resample_abs_pos_embed``), a fixed
-sin-cos table is recomputed for the new grid, and a new patch size resamples the patch kernel (FlexiViT).
+Position tables follow the patches' 2-D places: a learned table and the 1-D sinusoid are resampled bicubically as
+images of the configured grid (antialiased, as timm's ``resample_abs_pos_embed``), the 2-D sin-cos table is computed
+for the new grid; a new patch size resamples the patch kernel (FlexiViT).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
-from vitlab.layers import build_pos_embed, resample_abs_pos_embed
+from vitlab.layers.pos_embed import pos_embed_at_grid
 from vitlab.models.config import ModelConfig
 from vitlab.models.pretrained_cfg import set_pretrained_cfg
 
@@ -44,20 +45,17 @@ class ResizableInput:
 
     def pos_embed_for(self, grid: tuple[int, int]) -> Tensor | None:
         """The position table ``(1, slots + h * w, D)`` for a ``(h, w)`` patch grid: the stored one at the
-        configured grid; otherwise a learned table resampled, a fixed sin-cos table computed for that grid."""
+        configured grid; otherwise the stored table moved to that grid, each patch keeping its 2-D place
+        (:func:`vitlab.layers.pos_embed.pos_embed_at_grid`)."""
         if self.pos_embed is None or tuple(grid) == (self.grid_size, self.grid_size):
             return self.pos_embed
-        if self.cfg.pos_embed == "learned":
-            return resample_abs_pos_embed(self.pos_embed, tuple(grid), num_prefix=self._pos_slots(),
-                                          old_grid=self.grid_size)
-        table = build_pos_embed(self.cfg.pos_embed, grid_size=tuple(grid), dim=self.cfg.embed_dim,
-                                num_prefix=self._pos_slots())
-        return table.to(self.pos_embed)
+        return pos_embed_at_grid(self.cfg.pos_embed, self.pos_embed, tuple(grid), self.grid_size,
+                                 num_prefix=self._pos_slots())
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None,
                        patch_size: int | tuple[int, int] | None = None) -> None:
         """Rebuild the model for ``img_size`` and/or ``patch_size`` (timm's ``set_input_size``): the patch grid,
-        the position table (resampled or recomputed), the patch kernel (resampled), RoPE tables, ``cfg`` and
+        the position table (each patch keeps its 2-D place), the patch kernel (resampled), RoPE tables, ``cfg`` and
         ``pretrained_cfg['input_size']``. The weights keep their values wherever the shapes allow."""
         img = self.cfg.img_size if img_size is None else square_side(img_size, "img_size")
         patch = self.cfg.patch_size if patch_size is None else square_side(patch_size, "patch_size")
