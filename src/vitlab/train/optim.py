@@ -1,11 +1,10 @@
-"""AdamW with weight decay on matrices only, optional layer-wise learning-rate decay, and a per-step
-warm-up + cosine learning-rate schedule."""
+"""The optimiser and its schedule: AdamW with weight decay on matrices only, optional layer-wise learning-rate
+decay (timm's parameter groups), and timm's per-step warm-up + cosine schedule."""
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Callable
+import contextlib
+import logging
 
 import torch
 from torch import nn
@@ -26,10 +25,10 @@ def no_decay_names(model: nn.Module) -> set[str]:
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
     """AdamW groups of the trainable parameters: ``decay`` (weight_decay) and ``no_decay`` (0); with a
-    ``layer_decay`` below 1, one such pair per layer of :func:`layer_ids`, named ``layer_{id}_{decay|no_decay}``
-    and carrying ``lr_scale = layer_decay ** (num_layers - 1 - id)`` (BEiT's layer-wise decay, as timm's
-    ``param_groups_layer_decay``: the head learns at the full rate, each layer below at ``layer_decay`` times
-    the one above). :class:`WarmupCosine` multiplies the scale in."""
+    ``layer_decay`` below 1, timm's ``param_groups_layer_decay`` (BEiT's layer-wise decay: one such pair per
+    layer of :func:`layer_ids`, ``lr_scale = layer_decay ** (num_layers - 1 - id)``, so the head learns at the
+    full rate and each layer below at ``layer_decay`` times the one above), each group named
+    ``layer_{id}_{decay|no_decay}``. The schedule multiplies the scale in."""
     check_layer_decay(layer_decay)
     skip = no_decay_names(model)
     if layer_decay in (None, 1.0):
@@ -39,19 +38,16 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
                 (no_decay if name in skip else decay).append(p)
         return [dict(params=decay, weight_decay=weight_decay, name="decay"),
                 dict(params=no_decay, weight_decay=0.0, name="no_decay")]
+    from timm.optim._param_groups import param_groups_layer_decay
+
     layers = layer_ids(model)
-    top = max(layers.values())
-    groups: dict[str, dict] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        kind, layer = "no_decay" if name in skip else "decay", layers[name]
-        key = f"layer_{layer}_{kind}"
-        if key not in groups:
-            groups[key] = dict(params=[], weight_decay=0.0 if kind == "no_decay" else weight_decay, name=key,
-                               lr_scale=layer_decay ** (top - layer))
-        groups[key]["params"].append(p)
-    return list(groups.values())
+    groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=sorted(skip),
+                                      layer_decay=layer_decay)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for g in groups:
+        first = names[id(g["params"][0])]
+        g["name"] = f"layer_{layers[first]}_{'no_decay' if first in skip else 'decay'}"
+    return groups
 
 
 def check_layer_decay(layer_decay: float | None) -> None:
@@ -61,48 +57,13 @@ def check_layer_decay(layer_decay: float | None) -> None:
 
 
 def layer_ids(model: nn.Module) -> dict[str, int]:
-    """Parameter name -> layer index from ``model.group_matcher()`` with timm's rules: a regex spec gives each
-    match an ordinal (group position, captured numbers, suffix), an unmatched name comes last, ordinals are
-    numbered in sorted order, and one ending in 99999 joins the layer before (a callable matcher returns the
-    ordinal itself)."""
+    """Parameter name -> layer index, as timm reads ``model.group_matcher()`` for layer decay."""
     if not hasattr(model, "group_matcher"):
         raise ConfigError(f"{type(model).__name__} has no group_matcher(), so its layers are unknown; drop "
                           f"--layer-decay or use a model that has one (every vitlab preset and timm ViT does)")
-    ordinal = _ordinal_fn(model.group_matcher(coarse=False))
-    by_ordinal: dict[tuple[float, ...], list[str]] = {}
-    for name, _ in model.named_parameters():
-        by_ordinal.setdefault(ordinal(name), []).append(name)
-    out, layer = {}, -1
-    for key in sorted(by_ordinal):
-        if layer < 0 or key[-1] != _JOIN_PREVIOUS:
-            layer += 1
-        out.update(dict.fromkeys(by_ordinal[key], layer))
-    return out
+    from timm.models import group_parameters
 
-
-_JOIN_PREVIOUS = 99999.0
-
-
-def _ordinal_fn(matcher: dict | Callable) -> Callable[[str], tuple[float, ...]]:
-    if callable(matcher):
-        def from_callable(name: str) -> tuple[float, ...]:
-            o = matcher(name)
-            return tuple(float(v) for v in o) if isinstance(o, tuple | list) else (float(o),)
-        return from_callable
-    specs = []
-    for position, spec in enumerate(matcher.values()):
-        if spec is None:
-            continue
-        for pattern, suffix in (spec if isinstance(spec, list | tuple) else [(spec, None)]):
-            specs.append((re.compile(pattern), float(position), tuple(suffix or ())))
-
-    def from_specs(name: str) -> tuple[float, ...]:
-        for pattern, position, suffix in specs:
-            m = pattern.match(name)
-            if m:
-                return (position, *(float(g) for g in m.groups() if g is not None), *map(float, suffix))
-        return (math.inf,)
-    return from_specs
+    return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
 
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float,
@@ -115,35 +76,46 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float,
 
 
 class WarmupCosine:
-    """Linear warm-up from ``lr / warmup_steps`` to ``lr``, then cosine decay to ``min_lr`` at ``total_steps``;
-    a group with an ``lr_scale`` gets that multiple of the rate.
+    """Linear warm-up from ``lr / warmup_steps`` to ``lr`` over ``warmup_steps`` steps, then cosine decay to
+    ``min_lr`` at ``total_steps``; a group with an ``lr_scale`` gets that multiple of the rate.
 
-    Stateless apart from the step counter: ``lr_at(step)`` is a pure function, so a resumed run gets
-    exactly the same rates. ``step()`` sets the rate of the *next* optimiser step on every group.
+    The rates are timm's ``CosineLRScheduler`` (per step, warm-up as a prefix from 0). timm's warm-up starts at
+    its ``warmup_lr_init`` (0) on update 0; here the first step already takes ``lr / warmup_steps`` and the last
+    warm-up step the peak, so during warm-up the schedule is read one update ahead (:meth:`lr_at`).
+
+    Stateless apart from the step counter, so a resumed run gets exactly the same rates. ``step()`` sets the
+    rate of the *next* optimiser step on every group.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, lr: float, min_lr: float, warmup_steps: int,
                  total_steps: int) -> None:
+        from timm.scheduler import CosineLRScheduler
+
         self.optimizer = optimizer
         self.base_lr, self.min_lr = lr, min(min_lr, lr)
         self.warmup_steps, self.total_steps = max(0, warmup_steps), max(1, total_steps)
+        for group in optimizer.param_groups:  # the peak, before any lr_scale (timm reads initial_lr)
+            group["initial_lr"] = lr
+        # timm warns that a one-step cosine "has no effect": a run that ends right after its warm-up
+        with _quiet("timm.scheduler.cosine_lr"):
+            self.timm = CosineLRScheduler(optimizer, t_initial=max(1, self.total_steps - self.warmup_steps),
+                                          lr_min=self.min_lr, warmup_t=self.warmup_steps, warmup_lr_init=0.0,
+                                          warmup_prefix=True, t_in_epochs=False)
         self.last_step = 0
         self._apply()
 
+    def _update(self, step: int) -> int:
+        """The timm update count whose rate step ``step`` (0-based) takes."""
+        return step + 1 if step < self.warmup_steps else step
+
     def lr_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.base_lr * (step + 1) / self.warmup_steps
-        span = max(1, self.total_steps - self.warmup_steps)
-        t = min(1.0, (step - self.warmup_steps) / span)
-        return self.min_lr + 0.5 * (self.base_lr - self.min_lr) * (1 + math.cos(math.pi * t))
+        return self.timm._get_lr(self._update(step))[0]
 
     def get_last_lr(self) -> float:
         return self.lr_at(self.last_step)
 
     def _apply(self) -> None:
-        lr = self.lr_at(self.last_step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)  # lr_scale: layer-wise decay (param_groups)
+        self.timm.step_update(self._update(self.last_step))  # timm multiplies each group's lr_scale in
 
     def step(self) -> None:
         self.last_step += 1
@@ -156,3 +128,14 @@ class WarmupCosine:
     def load_state_dict(self, state: dict) -> None:
         self.last_step = int(state["last_step"])
         self._apply()
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

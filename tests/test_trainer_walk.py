@@ -1,0 +1,92 @@
+"""The trainer read in one sitting: the road a ``vitlab train`` call takes through ``vitlab.train``, and the pieces
+it takes from timm and torchvision (schedule, layer-decay groups, the idx reader) with the numbers unchanged."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.train.optim import WarmupCosine, build_optimizer, no_decay_names, param_groups
+
+
+def reference_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """The learning rate of step ``step`` as the trainer has always computed it: linear warm-up from
+    ``lr / warmup_steps`` to ``lr``, then a cosine from ``lr`` to ``min_lr`` at ``total_steps``."""
+    min_lr, warmup_steps, total_steps = min(min_lr, lr), max(0, warmup_steps), max(1, total_steps)
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    span = max(1, total_steps - warmup_steps)
+    t = min(1.0, (step - warmup_steps) / span)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t))
+
+
+@pytest.mark.parametrize(("warmup", "total"), [(0, 1), (0, 37), (1, 1), (1, 2), (3, 20), (4, 20), (5, 5),
+                                               (7, 6), (2, 3), (62, 3125), (188, 3130)])
+@pytest.mark.parametrize(("lr", "min_lr"), [(2e-3, 1e-5), (1.0, 0.01), (1e-3, 0.0), (1e-5, 1e-3)])
+def test_schedule_equals_the_warmup_cosine_formula_at_every_step(warmup: int, total: int, lr: float,
+                                                                  min_lr: float) -> None:
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([{"params": [p], "lr_scale": 0.5}], lr=lr)
+    sched = WarmupCosine(opt, lr=lr, min_lr=min_lr, warmup_steps=warmup, total_steps=total)
+    for step in range(total + 3):  # and a few beyond the end, where the rate stays at min_lr
+        want = reference_lr(step, lr=lr, min_lr=min_lr, warmup_steps=warmup, total_steps=total)
+        assert abs(sched.lr_at(step) - want) <= 1e-9 * max(1.0, lr)
+        assert abs(sched.get_last_lr() - want) <= 1e-9 * max(1.0, lr)
+        assert abs(opt.param_groups[0]["lr"] - 0.5 * want) <= 1e-9 * max(1.0, lr)
+        sched.step()
+
+
+def test_schedule_resumes_at_the_saved_step() -> None:
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([p], lr=1.0)
+    sched = WarmupCosine(opt, lr=1.0, min_lr=0.01, warmup_steps=4, total_steps=20)
+    for _ in range(9):
+        sched.step()
+    opt2 = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    again = WarmupCosine(opt2, lr=1.0, min_lr=0.01, warmup_steps=4, total_steps=20)
+    again.load_state_dict(sched.state_dict())
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == sched.lr_at(9)
+    assert set(sched.state_dict()) == {"last_step", "base_lr", "min_lr", "warmup_steps", "total_steps"}
+
+
+def expected_layer(name: str, depth: int) -> int:
+    """vit_mnist's layers for layer decay, written out as timm's ViT matcher reads them: the stem 0, block i at
+    i + 1, the final norm with the last block, the head last."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    if name.startswith("norm."):
+        return depth
+    if name.startswith(("head", "fc_norm")):
+        return depth + 1
+    return 0
+
+
+@pytest.mark.parametrize("gate", ["none", "layerscale"])
+def test_layer_decay_groups_and_scales(gate: str) -> None:
+    depth = 3
+    model = vitlab.create_model("vit_mnist", depth=depth, gate=gate)
+    skip = no_decay_names(model)
+    groups = param_groups(model, 0.05, layer_decay=0.75)
+    names = {id(p): n for n, p in model.named_parameters()}
+    # the groups appear in the order their first parameter does (a saved optimiser state is matched by order)
+    want_order = []
+    for n, _ in model.named_parameters():
+        key = f"layer_{expected_layer(n, depth)}_{'no_decay' if n in skip else 'decay'}"
+        if key not in want_order:
+            want_order.append(key)
+    assert [g["name"] for g in groups] == want_order
+    seen = []
+    for g in groups:
+        layer = int(g["name"].split("_")[1])
+        assert g["lr_scale"] == pytest.approx(0.75 ** (depth + 1 - layer), rel=1e-12)
+        for p in g["params"]:
+            n = names[id(p)]
+            seen.append(n)
+            assert expected_layer(n, depth) == layer, n
+            assert g["weight_decay"] == (0.0 if n in skip else 0.05), n
+    assert sorted(seen) == sorted(names.values())  # every parameter once
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.05, layer_decay=0.75)
+    assert [g["lr_scale"] for g in opt.param_groups] == [g["lr_scale"] for g in groups]
