@@ -19,16 +19,44 @@ al. 2019), the third split in two here:
 4. a scalar bias (init 0) comes before every linear layer of a branch (``in_bias`` of ``qkv``, ``proj``,
    ``fc1``, ``fc2``) and before the MLP's activation (``mlp.act.bias``; SwiGLU has no separate activation).
 
-**T-Fixup** (``gate='tfixup'``): the initialisation procedure of Huang et al. 2020 (its three steps), for an
-encoder-only stack of ``N = depth`` blocks. No gate, no pre-norms, and no learning-rate warm-up (a recipe
-matter: ``vitlab depth-study`` sets ``warmup_epochs=0`` for its ``tfixup`` variant):
+**T-Fixup** (``gate='tfixup'``): Huang et al. 2020, "Improving Transformer Optimization Through Better
+Initialization", for an encoder-only stack of ``N = depth`` blocks. No gate, no pre-norms, and no learning-rate
+warm-up (a recipe matter: ``vitlab depth-study`` sets ``warmup_epochs=0`` for its ``tfixup`` variant). The
+paper's procedure (Section 3.3), for embedding width ``d``:
 
-1. Xavier (uniform) initialisation of every linear layer (q, k and v each as a ``dim x dim`` matrix);
-   Gaussian ``N(0, d^-1/2)`` for the input embeddings (learned position embedding, class/register tokens);
-2. the input embeddings, including the patch projection (Xavier with fan-in ``C p^2``, fan-out ``d``), are
-   scaled by ``(9N) ** -1/4``, as the authors' code scales its encoder's token embedding;
-3. the encoder rule (the paper's ``v_e``, ``w_e`` and encoder MLP weights): the ``v`` rows ``2d:3d`` of
-   ``qkv``, ``proj``, ``fc1`` and ``fc2`` weights are scaled by ``0.67 * N ** -1/4``.
+1. Xavier initialisation of every parameter except the input embeddings, which are Gaussian ``N(0, d^-1/2)``;
+2. the input embeddings ``x`` (and in the decoder ``y``, with the decoder's ``v_d``, ``w_d`` and MLP weights)
+   are scaled by ``(9N) ** -1/4``;
+3. in each encoder block the value and output projections ``v_e``, ``w_e`` of the attention and the MLP
+   weights are scaled by ``0.67 * N ** -1/4``. The query and key projections are not scaled: they reach the
+   output only through the softmax, whose rows stay probabilities whatever their size.
+
+vitlab follows the authors' released code (``layer6ai-labs/T-Fixup``, fairseq: ``TransformerEncoder`` and
+``TransformerEncoderLayer.fixup_initialization``), which fixes what the equations leave open:
+
+- ``q`` and ``k`` (rows ``0:d`` and ``d:2d`` of ``qkv``): Xavier-uniform with gain ``1/sqrt(2)`` on each
+  ``d x d`` matrix, std ``(2d) ** -1/2`` (fairseq's attention init, the same std as Xavier over the fused
+  ``3d x d`` matrix); unscaled.
+- ``v`` (rows ``2d:3d``): the code multiplies fairseq's gain-``1/sqrt(2)`` draw by ``sqrt(2)``, so Xavier with
+  gain 1, then ``0.67 * N ** -1/4``; ``proj``, ``fc1`` (SwiGLU: ``fc1_g``, ``fc1_x``) and ``fc2``: Xavier
+  times ``0.67 * N ** -1/4``.
+- The code's token embedding is ``N(0, std d^-1/2)`` times ``(9N) ** -1/4``, and the encoder multiplies it by
+  ``sqrt(d)`` in the forward pass (fairseq's ``embed_scale``): a token enters the first block with per-element
+  std ``(9N) ** -1/4``. Position embeddings (fairseq's fixed sinusoids) are added unscaled.
+
+Where a ViT differs from the translation model, vitlab's choices:
+
+- the **patch projection** plays the token embedding: it is a linear map of pixels, not a lookup table, so it
+  keeps Xavier (fan-in ``C p^2``, fan-out ``d``), which gives a standardised patch a per-element std near 1,
+  and is scaled by ``(9N) ** -1/4``, as the code's token embedding ends up;
+- the **class and register tokens** are learned token embeddings (rows of a table) without fairseq's
+  ``sqrt(d)`` multiplier, so they are drawn at the std the code's tokens reach after it: ``N(0, (9N) ** -1/2)``,
+  i.e. std ``(9N) ** -1/4``;
+- the **position embedding** stays outside the rule, as in the code: a fixed sin-cos table is unchanged and a
+  learned one keeps vitlab's default init (truncated normal, std 0.02);
+- **biases** are zero (the code leaves the ``q``/``k``/``v`` biases at PyTorch's default uniform draw, a fairseq
+  detail outside the paper's rule), and the classification **head** is Xavier with zero bias (the code's output
+  layer is tied to the decoder embedding, which an encoder-only classifier does not have).
 
 Touvron et al. 2021 found that neither trains DeiT off the shelf and re-introduced LayerNorm and warm-up
 to make them converge; the gates here are the papers' own norm-free versions.
@@ -44,6 +72,7 @@ from torch import Tensor, nn
 
 FIXUP_GATES = ("fixup", "tfixup")
 TFIXUP_ENCODER = 0.67  # Huang et al. 2020: encoder weights scaled by 0.67 N^(-1/4)
+TFIXUP_QK_GAIN = 2 ** -0.5  # the authors' code (fairseq): Xavier gain of the d x d query and key projections
 
 
 def fixup_scale(num_branches: int, layers_per_branch: int = 2) -> float:
@@ -163,16 +192,16 @@ def init_fixup(blocks: list[nn.Module], head: nn.Module | None) -> None:
 
 
 def init_tfixup(model: nn.Module) -> None:
-    """T-Fixup's initialisation (module docstring, steps 1-3) of a ViT-like ``model``: ``blocks``,
-    ``patch_embed.proj``, optional learned ``pos_embed``, ``cls_token``, ``reg_token`` and ``head``."""
+    """T-Fixup's initialisation (module docstring) of a ViT-like ``model``: ``blocks``, ``patch_embed.proj``,
+    ``cls_token``, ``reg_token`` and ``head``; a learned ``pos_embed`` keeps the init it has."""
     blocks = list(model.blocks)
     weights, embedding = tfixup_scales(len(blocks))
     with torch.no_grad():
         for blk in blocks:
             d = blk.attn.qkv.in_features
             qkv = blk.attn.qkv.weight  # (3d, d): q, k, v rows
-            for i in range(3):
-                _xavier_(qkv[i * d:(i + 1) * d], d, d, weights if i == 2 else 1.0)
+            for i, scale in enumerate((TFIXUP_QK_GAIN, TFIXUP_QK_GAIN, weights)):
+                _xavier_(qkv[i * d:(i + 1) * d], d, d, scale)
             for layer in (blk.attn.proj, *_first_layers(blk.mlp), blk.mlp.fc2):
                 _xavier_(layer.weight, layer.in_features, layer.out_features, weights)
             for layer in (blk.attn.qkv, blk.attn.proj, *_first_layers(blk.mlp), blk.mlp.fc2):
@@ -182,11 +211,10 @@ def init_tfixup(model: nn.Module) -> None:
         _xavier_(proj.weight, proj.weight[0].numel(), proj.weight.shape[0], embedding)
         if proj.bias is not None:
             nn.init.zeros_(proj.bias)
-        d = proj.weight.shape[0]
-        for name in ("pos_embed", "cls_token", "reg_token"):
+        for name in ("cls_token", "reg_token"):
             p = getattr(model, name, None)
             if isinstance(p, nn.Parameter):
-                nn.init.normal_(p, std=embedding * d ** -0.25)  # N(0, d^-1/2), then (9N)^-1/4
+                nn.init.normal_(p, std=embedding)  # the code's N(0, d^-1/2) * sqrt(d) * (9N)^-1/4
         head = getattr(model, "head", None)
         if isinstance(head, nn.Linear):
             _xavier_(head.weight, head.in_features, head.out_features)
