@@ -3,12 +3,17 @@ it takes from timm and torchvision (schedule, layer-decay groups, the idx reader
 
 from __future__ import annotations
 
+import gzip
 import math
+import struct
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import vitlab
+from vitlab.errors import DataError
 from vitlab.train.optim import WarmupCosine, build_optimizer, no_decay_names, param_groups
 
 
@@ -90,3 +95,36 @@ def test_layer_decay_groups_and_scales(gate: str) -> None:
     assert sorted(seen) == sorted(names.values())  # every parameter once
     opt = build_optimizer(model, lr=1e-3, weight_decay=0.05, layer_decay=0.75)
     assert [g["lr_scale"] for g in opt.param_groups] == [g["lr_scale"] for g in groups]
+
+
+# ------------------------------------------------------------------------------------------------ idx files
+
+def _idx_bytes(array: np.ndarray, code: int) -> bytes:
+    head = struct.pack(">I", 0x0000_0000 | code << 8 | array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    return head + array.astype(array.dtype.newbyteorder(">")).tobytes()
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize(("dtype", "code"), [(np.uint8, 0x08), (np.int16, 0x0B), (np.float32, 0x0D)])
+def test_idx_files_are_read_by_torchvisions_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compress: bool,
+                                                   dtype: type, code: int) -> None:
+    import torchvision.datasets.mnist as tv_mnist
+
+    from vitlab.data import read_idx
+
+    calls = []
+    real = tv_mnist.read_sn3_pascalvincent_tensor
+    monkeypatch.setattr(tv_mnist, "read_sn3_pascalvincent_tensor", lambda *a, **k: calls.append(a) or real(*a, **k))
+    array = (np.arange(2 * 3 * 4) * 7 - 20).astype(dtype).reshape(2, 3, 4)
+    data = _idx_bytes(array, code)
+    path = tmp_path / ("x-idx3-ubyte.gz" if compress else "x-idx3-ubyte")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    got = read_idx(path, ndim=3)
+    assert calls and got.shape == (2, 3, 4)
+    np.testing.assert_array_equal(got, array)
+    empty = tmp_path / "e-idx1-ubyte"
+    empty.write_bytes(_idx_bytes(np.zeros(0, np.uint8), 0x08))
+    assert read_idx(empty, ndim=1).shape == (0,)
+    with pytest.raises(DataError, match="bytes beyond its declared shape"):
+        (tmp_path / "long").write_bytes(data + b"\x00")
+        read_idx(tmp_path / "long")

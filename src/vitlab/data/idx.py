@@ -1,4 +1,5 @@
-"""Reader for the idx file format of MNIST and Fashion-MNIST (gzip-compressed or not).
+"""Reader for the idx file format of MNIST and Fashion-MNIST (gzip-compressed or not): the header checked here
+for clear messages, the elements read by torchvision's MNIST reader.
 
 An idx file is a 4-byte magic number ``0x0000TTDD`` (``TT`` the element type, ``DD`` the number of
 dimensions), ``DD`` big-endian uint32 sizes, then the elements in row-major order. MNIST uses
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import gzip
 import struct
+import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from vitlab.errors import DataError
 
@@ -26,42 +29,37 @@ IDX_FILES: dict[str, str] = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 
-_DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype(np.uint8),
-    0x09: np.dtype(np.int8),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+# element type code -> bytes per element (the types torchvision's reader knows)
+_ITEM_SIZES: dict[int, int] = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 _KIND = {1: "idx1 label file", 3: "idx3 image file"}
 _FIX = "replace it with the original MNIST-format file (train-images-idx3-ubyte.gz and friends)"
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's content, gunzipped when it starts with the gzip magic bytes."""
+def _read_bytes(path: Path) -> tuple[bytes, bool]:
+    """(the file's content, gunzipped when it starts with the gzip magic bytes; whether it was)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror or exc}; check the file's permissions") from exc
     if raw[:2] == b"\x1f\x8b":
         try:
-            return gzip.decompress(raw)
+            return gzip.decompress(raw), True
         except (OSError, EOFError, zlib.error) as exc:
             raise DataError(
                 f"{path} is a damaged or truncated gzip file ({exc}); {_FIX}"
             ) from exc
-    return raw
+    return raw, False
 
 
 def read_idx(path: str | Path, *, ndim: int | None = None) -> np.ndarray:
-    """Parse an idx file into a numpy array of its stored shape.
+    """Parse an idx file into a numpy array of its stored shape (torchvision's MNIST reader,
+    ``read_sn3_pascalvincent_tensor``, after the header is checked here).
 
     ``ndim`` (1 for labels, 3 for images) is checked against the magic number. Wrong magic numbers,
     truncated data and trailing bytes raise :class:`DataError` naming the file.
     """
     path = Path(path)
-    data = _read_bytes(path)
+    data, compressed = _read_bytes(path)
     if len(data) < 4:
         raise DataError(f"{path} is truncated: {len(data)} bytes, too short for an idx header; {_FIX}")
     (magic,) = struct.unpack(">I", data[:4])
@@ -69,14 +67,13 @@ def read_idx(path: str | Path, *, ndim: int | None = None) -> np.ndarray:
     expected = f"expected an {_KIND.get(ndim, 'idx file')}" + (
         f" (magic 0x{0x800 | ndim:08x})" if ndim is not None else ""
     )
-    if magic >> 16 != 0 or code not in _DTYPES or (ndim is not None and dims != ndim):
+    if magic >> 16 != 0 or code not in _ITEM_SIZES or not 1 <= dims <= 3 or (ndim is not None and dims != ndim):
         raise DataError(f"{path}: wrong magic number 0x{magic:08x}; {expected}; {_FIX}")
     header = 4 + 4 * dims
     if len(data) < header:
         raise DataError(f"{path} is truncated inside its header ({len(data)} bytes); {_FIX}")
     shape = struct.unpack(f">{dims}I", data[4:header])
-    dtype = _DTYPES[code]
-    need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    need = int(np.prod(shape, dtype=np.int64)) * _ITEM_SIZES[code]
     have = len(data) - header
     if have < need:
         raise DataError(
@@ -87,7 +84,16 @@ def read_idx(path: str | Path, *, ndim: int | None = None) -> np.ndarray:
         raise DataError(
             f"{path} has {have - need} bytes beyond its declared shape {tuple(shape)}; {_FIX}"
         )
-    return np.frombuffer(data, dtype=dtype, count=need // dtype.itemsize, offset=header).reshape(shape)
+    from torchvision.datasets.mnist import SN3_PASCALVINCENT_TYPEMAP, read_sn3_pascalvincent_tensor
+
+    if need == 0:  # torchvision cannot view an empty buffer
+        return torch.empty(shape, dtype=SN3_PASCALVINCENT_TYPEMAP[code]).numpy()
+    if not compressed:  # torchvision reads the file itself
+        return read_sn3_pascalvincent_tensor(str(path)).numpy()
+    with tempfile.TemporaryDirectory() as tmp:  # torchvision reads a path: give it the unpacked bytes
+        plain = Path(tmp) / path.name.removesuffix(".gz")
+        plain.write_bytes(data)
+        return read_sn3_pascalvincent_tensor(str(plain)).numpy()
 
 
 def _candidate_dirs(data_dir: Path) -> list[Path]:
