@@ -11,12 +11,8 @@ from vitlab.interop.pretrained import (
     load_pretrained,
     resample_patch_kernel,
 )
-from vitlab.interop.timm_convert import (
-    config_from_state_dict,
-    config_from_timm,
-    timm_unsupported,
-    to_timm,
-)
+from vitlab.interop.timm_config import config_from_state_dict, config_from_timm
+from vitlab.interop.timm_convert import timm_unsupported, to_timm
 
 __all__ = ["adapt_input_channels", "adapt_state_dict", "config_from_state_dict", "config_from_timm", "from_timm",
            "load_pretrained", "read_weights", "resample_patch_kernel", "save_weights", "timm_unsupported", "to_timm"]

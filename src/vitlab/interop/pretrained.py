@@ -24,7 +24,8 @@ from vitlab.checkpoint import read_weights
 from vitlab.checkpoint.data_config import apply_checkpoint_file
 from vitlab.checkpoint.weights import first_line
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.interop.timm_convert import config_from_state_dict, config_from_timm, from_timm_state_dict
+from vitlab.interop.timm_config import config_from_state_dict, config_from_timm
+from vitlab.interop.timm_convert import from_timm_state_dict
 from vitlab.layers import build_pos_embed, resample_abs_pos_embed
 from vitlab.layers.pos_embed import pos_embed_at_grid
 from vitlab.models import ModelConfig, VitlabModel, build_model, get_config

@@ -126,7 +126,7 @@ def load_init(model: Any, init: str) -> None:
     converted to vitlab's equivalent for the adaptation and back to timm's keys.
     """
     from vitlab.interop import adapt_state_dict, load_pretrained, to_timm
-    from vitlab.interop.timm_convert import config_from_timm
+    from vitlab.interop.timm_config import config_from_timm
     from vitlab.models import VitlabModel, build_model
 
     if isinstance(model, VitlabModel):
