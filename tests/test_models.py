@@ -84,12 +84,12 @@ def test_features_head_and_intermediate_layers(name: str) -> None:
     pre = model.forward_head(feats, pre_logits=True)
     assert pre.shape == (2, model.num_features)
     torch.testing.assert_close(model.forward_head(feats), model.head(pre))
-    inter = model.get_intermediate_layers(x, 2)
+    inter = model.get_intermediate_layers(x, 2)  # timm's semantics: the patch tokens of the last 2 blocks
     assert len(inter) == 2
-    n_sa = num_tokens(model) - (1 if isinstance(model, Cait) else 0)  # CaiT's class token joins later
-    assert all(t.shape == (2, n_sa, cfg.embed_dim) for t in inter)
+    assert all(t.shape == (2, model.num_patches, cfg.embed_dim) for t in inter)
     if isinstance(model, VisionTransformer):
-        torch.testing.assert_close(model.get_intermediate_layers(x, 1, norm=True)[0], feats)
+        patches = feats[:, model.num_front:feats.shape[1] - model.num_end]
+        torch.testing.assert_close(model.get_intermediate_layers(x, 1, norm=True)[0], patches)
     model.reset_classifier(5)
     assert model(x).shape == (2, 5) and model.num_classes == 5
     model.reset_classifier(0)

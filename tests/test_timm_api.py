@@ -68,6 +68,16 @@ def timm_token_order(model: vitlab.VitlabModel, x: torch.Tensor) -> torch.Tensor
     return torch.cat([x[:, :front], x[:, front + n:], x[:, front:front + n]], dim=1)
 
 
+def block_outputs(model: vitlab.VitlabModel, x: torch.Tensor) -> list[torch.Tensor]:
+    """Every block's output ``(B, T, D)`` of a vitlab ViT, the blocks run by hand."""
+    t, rope = model._embed(x)
+    out = []
+    for blk in model.blocks:
+        t = blk(t, rope)
+        out.append(t)
+    return out
+
+
 def assert_close_nested(a, b) -> None:
     if isinstance(a, list | tuple):
         assert type(a) is type(b) and len(a) == len(b)
@@ -98,11 +108,12 @@ def test_forward_intermediates_shapes_and_prefix_tokens() -> None:
     model = vitlab.create_model("vit5_small", **SMALL).eval()  # class token, 4 registers after the patches, RoPE
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        blocks = model.get_intermediate_layers(x, n=[1, 3])  # (B, 1 + 16 + 4, D)
+        blocks = [block_outputs(model, x)[i] for i in (1, 3)]  # (B, 1 + 16 + 4, D)
         final, maps = model.forward_intermediates(x, indices=[1, -1])
         pairs = model.forward_intermediates(x, indices=[1, 3], output_fmt="NLC", return_prefix_tokens=True,
                                             intermediates_only=True)
         torch.testing.assert_close(final, model.forward_features(x))
+        assert_close_nested(model.get_intermediate_layers(x, n=[1, 3], return_prefix_tokens=True), pairs)
     assert [m.shape for m in maps] == [(2, 32, 4, 4)] * 2
     for (patches, prefix), y in zip(pairs, blocks):
         torch.testing.assert_close(patches, y[:, 1:17])
@@ -118,10 +129,12 @@ def test_forward_intermediates_on_models_timm_lacks(case: str) -> None:
     with torch.no_grad():
         final, maps = model.forward_intermediates(x, indices=2, norm=True)
         torch.testing.assert_close(final, model.forward_features(x))
-        want = model.get_intermediate_layers(x, n=2, norm=True)
+        want = [model.norm(y) for y in block_outputs(model, x)[-2:]]  # (B, T, D)
+        patches = model.get_intermediate_layers(x, n=2, norm=True)  # timm's: the patch tokens (B, N, D)
     front, end = model.num_front, model.num_end
-    for got, y in zip(maps, want):
+    for got, y, p in zip(maps, want, patches, strict=True):
         torch.testing.assert_close(got.flatten(2).transpose(1, 2), y[:, front:y.shape[1] - end])
+        torch.testing.assert_close(p, y[:, front:y.shape[1] - end])
 
 
 @pytest.mark.parametrize("kwargs,match", [

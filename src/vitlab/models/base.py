@@ -101,9 +101,22 @@ class VitlabModel(nn.Module):
         """Multiplies for one image at the configured size (see :mod:`vitlab.flops`)."""
         return sum(module_flops(r.module, r.num_tokens, matmul_only, **r.kwargs) for r in self.flop_rows())
 
-    def get_intermediate_layers(self, x: Tensor, n: int | list[int] = 1, norm: bool = False) -> list[Tensor]:
-        """Outputs ``(B, T, D)`` of the last ``n`` self-attention blocks, or of the blocks at indices ``n``."""
-        raise NotImplementedError
+    def get_intermediate_layers(self, x: Tensor, n: int | list[int] | tuple[int, ...] = 1, reshape: bool = False,
+                                return_prefix_tokens: bool = False, norm: bool = False) -> list:
+        """timm's (and DINO's) name for :meth:`forward_intermediates` with ``intermediates_only=True``: the patch
+        tokens ``(B, N, D)`` (``reshape``: ``(B, D, H/p, W/p)``) of the last ``n`` self-attention blocks or of the
+        blocks at indices ``n``, in block order; ``return_prefix_tokens`` pairs each with its prefix tokens."""
+        return self.forward_intermediates(x, n, return_prefix_tokens=return_prefix_tokens, norm=norm,
+                                          output_fmt="NCHW" if reshape else "NLC", intermediates_only=True)
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """timm's feature metadata, one entry per self-attention block (as timm's ``VisionTransformer``): read by
+        ``timm.create_model(..., features_only=True)``'s feature extractor."""
+        p = self.patch_embed.patch_size
+        reduction = p[0] if isinstance(p, tuple) else p
+        return [dict(module=f"blocks.{i}", num_chs=self.embed_dim, reduction=reduction)
+                for i in range(len(self.blocks))]
 
     # ------------------------------------------------------------------ timm 1.x: features, checkpointing, groups
 
@@ -123,7 +136,8 @@ class VitlabModel(nn.Module):
                               output_fmt: str = "NCHW", intermediates_only: bool = False
                               ) -> list | tuple[Tensor, list]:
         """timm's feature API: the outputs of the blocks at ``indices`` (int: the last n; list: these indices,
-        negative counting from the end; None: all) and, unless ``intermediates_only``, the final features
+        negative counting from the end; None: all), in block order and each block once, as timm's (``[2, 0]`` gives
+        blocks 0 and 2, ``[-1, -1]`` the last block once), and, unless ``intermediates_only``, the final features
         (``forward_features``). ``norm`` applies the final norm to each; ``output_fmt='NCHW'`` gives the patch
         tokens as ``(B, D, H/p, W/p)`` maps, ``'NLC'`` as ``(B, N, D)``; ``return_prefix_tokens`` pairs each with
         its ``(B, P, D)`` class and register tokens (registers after the patches included). ``stop_early`` runs
@@ -141,7 +155,7 @@ class VitlabModel(nn.Module):
                 h.remove()
         front, end = self._token_layout()
         out = []
-        for i in take:
+        for i in sorted(set(take)):  # timm appends block i's output when i is taken, as the blocks run
             y = self.norm(captured[i]) if norm else captured[i]  # (B, T, D)
             patches = y[:, front:y.shape[1] - end]  # (B, N, D)
             if output_fmt == "NCHW":

@@ -105,16 +105,6 @@ class Cait(ResizableInput, VitlabModel):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def get_intermediate_layers(self, x: Tensor, n: int | list[int] = 1, norm: bool = False) -> list[Tensor]:
-        keep = set(range(len(self.blocks) - n, len(self.blocks))) if isinstance(n, int) else set(n)
-        out = []
-        x = self._patch_tokens(x)
-        for i, blk in enumerate(self.blocks):
-            x = blk(x)
-            if i in keep:
-                out.append(self.norm(x) if norm else x)
-        return out
-
     def flop_rows(self) -> list[FlopRow]:
         n = self.num_patches
         rows = [FlopRow("patch_embed", self.patch_embed, n, {})]

@@ -181,16 +181,6 @@ class VisionTransformer(ResizableInput, VitlabModel):
         x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
-    def get_intermediate_layers(self, x: Tensor, n: int | list[int] = 1, norm: bool = False) -> list[Tensor]:
-        keep = set(range(len(self.blocks) - n, len(self.blocks))) if isinstance(n, int) else set(n)
-        out = []
-        x, rope = self._embed(x)
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, rope)
-            if i in keep:
-                out.append(self.norm(x) if norm else x)
-        return out
-
     def flop_rows(self) -> list[FlopRow]:
         t = self.num_front + self.num_patches + self.num_end
         rows = [FlopRow("patch_embed", self.patch_embed, self.num_patches, {})]
