@@ -761,10 +761,8 @@ def test_cli_checkpoint_of_another_architecture_exits_2(tmp_path, capsys):
 
 
 def test_cli_timm_checkpoint_exits_2_naming_the_fix(tmp_path, capsys):
-    from vitlab.checkpoint import create_timm
-
-    timm_model = create_timm("vit_tiny_patch16_224", dict(img_size=28, patch_size=7, in_chans=1, num_classes=10,
-                                                         embed_dim=32, depth=1, num_heads=2))
+    timm_model = vitlab.create_model("timm:vit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1,
+                                     num_classes=10, embed_dim=32, depth=1, num_heads=2)
     ckpt = write_checkpoint(tmp_path / "ckpt", timm_model)
     rc = main(["analyze", "--checkpoint", str(ckpt), "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err

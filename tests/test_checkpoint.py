@@ -14,7 +14,6 @@ import vitlab
 from vitlab.atomic import atomic_write_text
 from vitlab.checkpoint import (
     FORMAT,
-    create_timm,
     load_model,
     load_train_state,
     read_config,
@@ -36,8 +35,8 @@ def tiny_vit(**overrides) -> torch.nn.Module:
 
 
 def tiny_timm() -> torch.nn.Module:
-    return create_timm("vit_tiny_patch16_224", dict(img_size=28, patch_size=7, in_chans=1, num_classes=10,
-                                                    embed_dim=32, depth=1, num_heads=2))
+    return vitlab.create_model("timm:vit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, num_classes=10,
+                               embed_dim=32, depth=1, num_heads=2)
 
 
 def leftovers(folder: Path) -> list[str]:

@@ -187,7 +187,7 @@ def test_to_timm_matches_vitlab_logits_and_loads_back(case: str) -> None:
     x = images(model)
     assert_same_logits(tm, model, x)
     assert_same_logits(vitlab.from_timm(tm), model, x)
-    back = vitlab.build_model(model.cfg)  # timm's weights into the original vitlab architecture
+    back = vitlab.create_model(model.cfg)  # timm's weights into the original vitlab architecture
     back.load_state_dict(adapt_state_dict(tm.state_dict(), back))
     assert_same_logits(back, model, x)
 

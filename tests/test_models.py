@@ -255,11 +255,11 @@ def test_cait_depth_override_rederives_the_layerscale_init() -> None:
     for depth, rule in ((12, 0.1), (24, 1e-5), (40, 1e-6)):
         cfg = vitlab.get_config("cait_xxs36", depth=depth, **tiny)
         assert cfg.gate_init_value() == rule
-        assert _gammas(vitlab.build_model(cfg)) == _f32(rule)
+        assert _gammas(vitlab.create_model(cfg)) == _f32(rule)
     assert _gammas(vitlab.create_model("cait_xxs24", depth=30, **tiny)) == _f32(1e-6)
     assert _gammas(vitlab.create_model("cait_xxs24", depth=30, init_values=1e-3, **tiny)) == _f32(1e-3)
     hand = ModelConfig(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False, depth=20, **tiny)
-    assert hand.init_values is None and _gammas(vitlab.build_model(hand)) == _f32(1e-5)
+    assert hand.init_values is None and _gammas(vitlab.create_model(hand)) == _f32(1e-5)
     assert hand.replace(depth=3).gate_init_value() == 0.1  # None follows the depth
     vit = vitlab.create_model("vit_mnist", depth=30, gate="layerscale")
     assert vit.cfg.gate_init_value() is None and vit.blocks[0].ls1.gamma[0].item() == pytest.approx(1e-4)
@@ -295,7 +295,7 @@ def test_config_round_trip() -> None:
     cfg = vitlab.get_config("vit5_small", depth=3)
     again = ModelConfig.from_dict(cfg.to_dict())
     assert again == cfg
-    a, b = vitlab.build_model(cfg), vitlab.build_model(again)
+    a, b = vitlab.create_model(cfg), vitlab.create_model(again)
     assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
 
 
@@ -330,7 +330,7 @@ TIMM_NAMED = ["vit_mnist", "vit_tiny", "vit_small", "vit_base", *vitlab.list_mod
 def test_state_dict_names_and_shapes_equal_timm(name: str) -> None:
     cfg = vitlab.get_config(name, depth=2)
     with torch.device("meta"):  # names and shapes only: no memory, no init time
-        ours, ref = vitlab.build_model(cfg), _timm_model(cfg)
+        ours, ref = vitlab.create_model(cfg), _timm_model(cfg)
     assert _shapes(ours) == _shapes(ref)
 
 
@@ -352,7 +352,7 @@ def test_logits_equal_timm_with_the_same_weights(name: str, overrides: dict) -> 
     patch = 7 if name == "vit_mnist" else 8
     cfg = vitlab.get_config(name, img_size=img, patch_size=patch, depth=2, embed_dim=64, num_heads=4, **overrides)
     ref = _timm_model(cfg).eval()
-    ours = vitlab.build_model(cfg).eval()
+    ours = vitlab.create_model(cfg).eval()
     ours.load_state_dict(_perturbed_timm_state(ref), strict=True)
     x = torch.randn(2, cfg.in_chans, img, img)
     torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)

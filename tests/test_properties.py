@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from vitlab import ConfigError, build_model, get_config
+from vitlab import ConfigError, create_model, get_config
 from vitlab.errors import CheckpointError, DataError
 from vitlab.models import ModelConfig
 from vitlab.models.config import ARCHS, ATTNS, POOLS, REG_POSITIONS, STEMS
@@ -94,7 +94,7 @@ def test_a_config_builds_a_working_model_or_raises_config_error(options: dict) -
         event("refused")
         return
     event(f"built {cfg.arch}")
-    model = build_model(cfg).eval()
+    model = create_model(cfg).eval()
     x = torch.randn(2, cfg.in_chans, cfg.img_size, cfg.img_size)
     with torch.no_grad():
         out = model(x)

@@ -93,18 +93,17 @@ def test_a_trained_checkpoint_carries_its_normalisation(checkpoint, tmp_path) ->
 
 
 def test_a_timm_model_built_at_another_size_reports_that_size(tmp_path) -> None:
-    from vitlab.checkpoint import create_timm
     from vitlab.checkpoint.data_config import apply_checkpoint_config
 
     # timm itself keeps the default size's pretrained_cfg (3x224x224, three means, 1000 classes)
     plain = timm.create_model("vit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, num_classes=10)
     assert plain.pretrained_cfg["input_size"] == (3, 224, 224)
-    m = create_timm("vit_tiny_patch16_224", dict(img_size=28, patch_size=7, in_chans=1, num_classes=10))
+    m = vitlab.create_model("timm:vit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, num_classes=10)
     cfg = timm.data.resolve_data_config({}, model=m)
     assert cfg["input_size"] == (1, 28, 28) and cfg["mean"] == (0.5,) and cfg["std"] == (0.5,)
     assert m.pretrained_cfg["num_classes"] == 10 and m.default_cfg is m.pretrained_cfg
     assert m(torch.zeros(2, *cfg["input_size"])).shape == (2, 10)  # the pipeline fits the model
-    rect = create_timm("vit_tiny_patch16_224", dict(img_size=(32, 48), patch_size=8, in_chans=3, num_classes=5))
+    rect = vitlab.create_model("timm:vit_tiny_patch16_224", img_size=(32, 48), patch_size=8, in_chans=3, num_classes=5)
     assert rect.pretrained_cfg["input_size"] == (3, 32, 48)
     assert rect.pretrained_cfg["mean"] == plain.pretrained_cfg["mean"]  # same channel count: unchanged
     # a vitlab run's statistics now reach a one-channel timm model (they were refused as the wrong count)
@@ -191,9 +190,7 @@ def test_set_input_size_errors_and_the_checkpoint_spec(tmp_path) -> None:
     with pytest.raises(ConfigError, match="set_input_size"):
         m(torch.zeros(1, 1, 42, 42))
     assert m.cfg.img_size == 28  # a refused resize changes nothing
-    from vitlab.train.run_model import create_for_run
-
-    run = create_for_run("vit_mnist", {"depth": 1}, num_classes=10, img_size=28, in_chans=1)
+    run = vitlab.create_model("vit_mnist", depth=1, num_classes=10)  # carries its spec, as a run's model does
     run.set_input_size(img_size=(42, 42))
     assert spec_of(run).config.img_size == 42
     save_checkpoint(tmp_path / "ck", run)

@@ -32,10 +32,10 @@ from vitlab import atomic
 from vitlab.checkpoint import manifest
 from vitlab.checkpoint.data_config import apply_checkpoint_config
 from vitlab.checkpoint.manifest import MANIFEST
-from vitlab.checkpoint.spec import ModelSpec, build_vitlab, create_timm, is_timm, spec_of, unwrap
+from vitlab.checkpoint.spec import ModelSpec, spec_of, unwrap
 from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, safetensors_bytes
 from vitlab.errors import CheckpointError
-from vitlab.models import ModelConfig, get_config
+from vitlab.models import ModelConfig, create_model
 from vitlab.version import __version__
 
 FORMAT = "vitlab-checkpoint/1"
@@ -224,18 +224,14 @@ def load_model(path: str | Path, *, model: str | None = None, verify: bool = Tru
     spec = read_spec(path)
     if model is None:
         try:
-            net = spec.build(**overrides)
+            net = create_model(spec, **overrides)
         except ValueError as exc:
             raise CheckpointError(f"cannot rebuild the model of {path} ({exc})") from exc
     else:
         stored = spec.options()
         shape = ("img_size", "patch_size", "in_chans", "num_classes")
         opts = {k: stored[k] for k in shape if stored.get(k) is not None}
-        opts.update(overrides)
-        if is_timm(model):
-            net = create_timm(model[len("timm:"):], opts)
-        else:
-            net = build_vitlab(get_config(model, **opts))
+        net = create_model(model, **{**opts, **overrides})
     weights = _checkpoint_weights(path, verify)
     expected = net.state_dict()
     problem = state_mismatch(expected, weights)

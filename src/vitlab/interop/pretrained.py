@@ -28,7 +28,7 @@ from vitlab.interop.timm_config import config_from_state_dict, config_from_timm
 from vitlab.interop.timm_convert import from_timm_state_dict
 from vitlab.layers import build_pos_embed, resample_abs_pos_embed
 from vitlab.layers.pos_embed import pos_embed_at_grid
-from vitlab.models import ModelConfig, VitlabModel, build_model, get_config
+from vitlab.models import ModelConfig, VitlabModel, create_model, get_config
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
 _WRAPPERS = ("module.", "_orig_mod.", "model.")  # DDP, torch.compile, Lightning-style key prefixes
@@ -65,11 +65,11 @@ def load_pretrained(model_or_name: VitlabModel | ModelConfig | str | None = None
 def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelConfig | None,
                   overrides: dict) -> VitlabModel:
     if isinstance(model_or_name, VitlabModel):
-        return build_model(model_or_name.cfg.replace(**overrides)) if overrides else model_or_name
+        return create_model(model_or_name.cfg, **overrides) if overrides else model_or_name
     if isinstance(model_or_name, ModelConfig):
-        return build_model(model_or_name.replace(**overrides))
+        return create_model(model_or_name, **overrides)
     if model_or_name is None and file_cfg is not None:
-        return build_model(file_cfg.replace(**overrides))
+        return create_model(file_cfg, **overrides)
     if model_or_name is None:
         base = config_from_state_dict(state, num_heads=overrides.get("num_heads"),
                                       global_pool=overrides.get("global_pool"))
@@ -80,7 +80,7 @@ def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelC
     else:
         raise ConfigError(f"model_or_name must be a vitlab model, a ModelConfig, a preset or 'timm:NAME' name, "
                           f"or None, got {type(model_or_name).__name__}")
-    return build_model(base.replace(**{**source_geometry(state, base), **overrides}))
+    return create_model(base, **{**source_geometry(state, base), **overrides})
 
 
 def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
@@ -90,7 +90,7 @@ def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
     ``overrides`` are :class:`ModelConfig` fields; ``img_size``, ``patch_size``, ``in_chans`` and
     ``num_classes`` adapt the weights as :func:`vitlab.load_pretrained` does.
     """
-    model = build_model(config_from_timm(timm_model, **overrides))
+    model = create_model(config_from_timm(timm_model, **overrides))
     model.load_state_dict(adapt_state_dict(timm_model.state_dict(), model))
     p = next(timm_model.parameters(), None)
     if p is not None:

@@ -85,8 +85,9 @@ def _preset_entrypoint(preset: str) -> Callable[..., VitlabModel]:
 
 def build_for_timm(preset: str, *, pretrained: bool = False, pretrained_cfg_overlay: dict | None = None,
                    cache_dir: Any = None, **kwargs: Any) -> VitlabModel:
-    """The vitlab model for ``timm.create_model``: preset ``preset`` with ``kwargs`` as :class:`ModelConfig`
-    overrides; ``pretrained=True`` loads ``pretrained_cfg_overlay['file']`` (a vitlab checkpoint or weight file)."""
+    """The vitlab model for ``timm.create_model``: timm's arguments read, then the one road of
+    :func:`vitlab.create_model` (preset ``preset`` with ``kwargs`` as :class:`ModelConfig` overrides);
+    ``pretrained=True`` loads ``pretrained_cfg_overlay['file']`` (a vitlab checkpoint or weight file)."""
     overlay = dict(pretrained_cfg_overlay or {})
     file = overlay.pop("file", None)
     if pretrained:

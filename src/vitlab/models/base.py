@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -15,6 +16,9 @@ from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
 from vitlab.models.config import ModelConfig
 from vitlab.models.eval_mode import analysis_mode
+
+if TYPE_CHECKING:
+    from vitlab.models.registry import ModelSpec
 
 
 @dataclass
@@ -55,6 +59,14 @@ class VitlabModel(nn.Module):
     @property
     def embed_dim(self) -> int:
         return self.cfg.embed_dim
+
+    @property
+    def vitlab_spec(self) -> ModelSpec:
+        """What a checkpoint stores to rebuild this model (:class:`vitlab.models.registry.ModelSpec`): its config as
+        it is now, after any ``set_input_size`` / ``reset_classifier``."""
+        from vitlab.models.registry import ModelSpec
+
+        return ModelSpec(config=self.cfg)
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:
         """One ``(B, heads, T_query, T_key)`` map per attention layer, in forward order. Class-attention
@@ -282,6 +294,24 @@ def _recomputable(blk: nn.Module) -> Callable:
                     for b, v in zip(m.buffers(recurse=False), saved):
                         b.copy_(v)
     return run
+
+
+def build_placed(build: Callable[[], nn.Module], device: torch.device | str | None = None,
+                 dtype: torch.dtype | str | None = None) -> nn.Module:
+    """``build()`` with its parameters and buffers created on ``device`` (``'meta'``: shapes only, no memory) and
+    cast to the floating-point ``dtype``: timm 1.0's ``device=`` / ``dtype=`` construction arguments."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)  # "bfloat16" -> torch.bfloat16
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ConfigError(f"dtype must be a floating-point torch dtype (torch.float32, torch.bfloat16, ...), "
+                          f"got {dtype!r}")
+    try:
+        device = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device must be a torch device ('cpu', 'cuda', 'cuda:1', 'meta'), got {device!r}") from exc
+    with device if device is not None else contextlib.nullcontext():
+        model = build()
+    return model if dtype is None else model.to(dtype=dtype)
 
 
 def module_flops(module: nn.Module, num_tokens: int, matmul_only: bool = False, **kwargs) -> int:

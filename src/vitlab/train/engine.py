@@ -103,9 +103,7 @@ class Trainer:
             raise ConfigError("a resumed run continues from its own weights; drop the initial weights, or start a new "
                               "run with another --output")
         resumed = Resume.load(resume, verify) if resume is not None else None
-        run_model = resolve_run_model(cfg)
-        if resumed is not None:  # refuse another architecture before loading any data
-            resumed.check_architecture(run_model.build(len(resumed.classes)))
+        run_model = resolve_run_model(cfg)  # the model config, resolved once; the model is built once, below
         self.out_dir = self._output_dir(cfg, resume)
         if not ctx.is_main:  # rank 0 downloads first
             ctx.barrier()
@@ -134,7 +132,7 @@ class Trainer:
             self.data_info["num_val"] = len(val_split)
 
         torch.manual_seed(derive_seed(cfg.seed, INIT_STREAM))
-        model = run_model.build(len(self.classes))
+        model = run_model.spec_for(len(self.classes)).build()
         self.model = model.to(self.device)
         self.slices = self._plan_cpu(cfg)
         self.train_data = self._to_device(train_split)

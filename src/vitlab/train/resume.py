@@ -18,7 +18,7 @@ from vitlab.train.config import RunConfig
 from vitlab.train.options import RESULT_NEUTRAL
 
 # run options a resumed run may change without breaking the continuation: the result-neutral ones, more epochs, and
-# model options (the model built is checked against the checkpoint's architecture before any data loads)
+# model options (the one model the run builds is checked against the checkpoint's architecture before its state loads)
 RESUMABLE = RESULT_NEUTRAL | {"epochs", "model", "model_overrides"}
 
 

@@ -1,9 +1,9 @@
-"""The model of a training run: ``--model`` (a vitlab preset with overrides, or ``timm:NAME``) resolved once for the
-data (:func:`resolve_run_model`), the input size it needs, its initial weights (:func:`load_init`) and its cost
-per image.
+"""The model of a training run: ``--model`` (a vitlab preset with overrides, or ``timm:NAME``) resolved once into
+the :class:`~vitlab.models.registry.ModelSpec` the run builds (:func:`resolve_run_model`), the input size it needs,
+its initial weights (:func:`load_init`) and its cost per image.
 
-Every model built here carries its :class:`vitlab.checkpoint.ModelSpec` (``model.vitlab_spec``), which the
-checkpoint stores.
+The run builds its model once, from that spec (``ModelSpec.build``, the road every model takes), and the model
+carries the spec (``model.vitlab_spec``), which the checkpoint stores.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.checkpoint import TIMM_PREFIX, build_vitlab, create_timm, is_timm
 from vitlab.errors import ConfigError
-from vitlab.models import get_config
+from vitlab.models.registry import PRESETS, TIMM_PREFIX, ModelSpec, is_timm
 from vitlab.train.config import RunConfig, model_defaults
 
 # native size and channels of each data set: what a timm model is created for unless told otherwise
@@ -25,16 +24,13 @@ DATA_SHAPES = {"mnist": (28, 1), "mnist-5k": (28, 1), "fashion-mnist": (28, 1), 
                "cifar100": (32, 3)}
 
 
-def model_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:
-    """(img_size, in_chans) the data must be prepared at for this model."""
-    if not is_timm(name):
-        cfg = get_config(name, **_vitlab_overrides(overrides))
-        return cfg.img_size, cfg.in_chans
+def _timm_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:
+    """(img_size, in_chans) a timm model is created for: the options, else the data set's native shape."""
     native = DATA_SHAPES.get(dataset)
     img_size = overrides.get("img_size", native[0] if native else None)
     in_chans = overrides.get("in_chans", native[1] if native else 3)
     if img_size is None:
-        img_size = _timm_default_size(name[len(TIMM_PREFIX):])
+        img_size = _timm_default_size(name)
     if isinstance(img_size, list | tuple):
         if len(set(img_size)) != 1:
             raise ConfigError(f"img_size {img_size} must be square for vitlab's data; give one number")
@@ -51,52 +47,44 @@ def _timm_default_size(name: str) -> int:
         return 224
 
 
-def _vitlab_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in overrides.items() if k != "num_classes"}
-
-
-def create_for_run(name: str, overrides: dict[str, Any], *, num_classes: int, img_size: int,
-                   in_chans: int) -> nn.Module:
-    """Build ``name`` (preset or ``timm:NAME``) with ``overrides`` for ``num_classes`` classes."""
-    if is_timm(name):
-        kwargs = {**overrides, "img_size": img_size, "in_chans": in_chans, "num_classes": num_classes}
-        return create_timm(name[len(TIMM_PREFIX):], kwargs)
-    return build_vitlab(get_config(name, **{**_vitlab_overrides(overrides), "num_classes": num_classes}))
-
-
 @dataclass(frozen=True)
 class RunModel:
     """The model of a run, resolved once from its :class:`RunConfig` (see :func:`resolve_run_model`)."""
 
-    name: str  # a preset, or timm:NAME
-    overrides: dict[str, Any]  # the effective model options (ModelConfig fields; timm: keyword arguments)
+    spec: ModelSpec  # what the run builds, but for the data's class count (:meth:`spec_for`)
+    overrides: dict[str, Any]  # the effective model options the run config stores (ModelConfig fields; timm kwargs)
     img_size: int  # the input the data is prepared at
     in_chans: int
 
     def with_recipe(self, cfg: RunConfig) -> RunModel:
         """This model with the resolved recipe's drop-path rate and rule, unless the model options set them."""
-        overrides = dict(self.overrides)
-        overrides.setdefault("drop_path_rate", cfg.drop_path)
+        recipe = {"drop_path_rate": cfg.drop_path}
         if cfg.drop_path_rule is not None:
-            overrides.setdefault("drop_path_rule", cfg.drop_path_rule)
-        return dataclasses.replace(self, overrides=overrides)
+            recipe["drop_path_rule"] = cfg.drop_path_rule
+        recipe = {k: v for k, v in recipe.items() if k not in self.overrides}
+        return dataclasses.replace(self, spec=self.spec.with_options(**recipe), overrides={**self.overrides, **recipe})
 
-    def build(self, num_classes: int) -> nn.Module:
-        """The model for ``num_classes`` classes, carrying its :class:`~vitlab.checkpoint.ModelSpec`."""
-        return create_for_run(self.name, self.overrides, num_classes=num_classes, img_size=self.img_size,
-                              in_chans=self.in_chans)
+    def spec_for(self, num_classes: int) -> ModelSpec:
+        """The spec of the run's model for the data's ``num_classes`` classes (they win over a ``num_classes``
+        option)."""
+        return self.spec.with_options(num_classes=num_classes)
 
 
 def resolve_run_model(cfg: RunConfig) -> RunModel:
     """The model of run ``cfg``, before any data is loaded: the data set's defaults (vitlab ViTs) under the
-    user's options, and the input size and channels the data must be prepared at. The drop-path rate is a recipe
-    option, known once the recipe is resolved for the training set's size: :meth:`RunModel.with_recipe`."""
-    overrides = dict(cfg.model_overrides)
-    if not is_timm(cfg.model):
-        if get_config(cfg.model, **overrides).arch == "vit":
-            overrides = {**model_defaults(cfg.dataset), **overrides}
-    img_size, in_chans = model_input(cfg.model, overrides, cfg.dataset)
-    return RunModel(cfg.model, overrides, img_size, in_chans)
+    user's options, resolved into a spec once, and the input size and channels the data must be prepared at. The
+    drop-path rate is a recipe option, known once the recipe is resolved for the training set's size
+    (:meth:`RunModel.with_recipe`); the class count is the data's (:meth:`RunModel.spec_for`)."""
+    name, overrides = cfg.model, dict(cfg.model_overrides)
+    if is_timm(name):
+        img_size, in_chans = _timm_input(name[len(TIMM_PREFIX):], overrides, cfg.dataset)
+        spec = ModelSpec.of(name, **{**overrides, "img_size": img_size, "in_chans": in_chans})
+        return RunModel(spec, overrides, img_size, in_chans)
+    arch = overrides.get("arch", PRESETS.get(name, {}).get("arch", "vit"))
+    if arch == "vit":
+        overrides = {**model_defaults(cfg.dataset), **overrides}
+    spec = ModelSpec.of(name, **{k: v for k, v in overrides.items() if k != "num_classes"})
+    return RunModel(spec, overrides, spec.config.img_size, spec.config.in_chans)
 
 
 def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:
@@ -127,7 +115,7 @@ def load_init(model: Any, init: str) -> None:
     """
     from vitlab.interop import adapt_state_dict, load_pretrained, to_timm
     from vitlab.interop.timm_config import config_from_timm
-    from vitlab.models import VitlabModel, build_model
+    from vitlab.models import VitlabModel, create_model
 
     if isinstance(model, VitlabModel):
         if init == "hub":
@@ -138,7 +126,7 @@ def load_init(model: Any, init: str) -> None:
     cfg = config_from_timm(model)
     if init == "hub":
         source = load_pretrained(f"timm:{model.vitlab_spec.timm}")
-        with_weights = build_model(cfg)
+        with_weights = create_model(cfg)
         with_weights.load_state_dict(adapt_state_dict(source.state_dict(), with_weights))
     else:
         with_weights = load_pretrained(cfg, init)
