@@ -775,14 +775,13 @@ def test_compare_parsing(tmp_path: Path):
 def test_load_init_adapts_timm_weights_to_the_run(tmp_path: Path):
     import timm
 
-    from vitlab.checkpoint import create_timm
     from vitlab.train.run_model import load_init
 
     source = timm.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32,
                                patch_size=8, in_chans=3, num_classes=5)
     torch.save(source.state_dict(), tmp_path / "src.pth")
-    target = create_timm("vit_tiny_patch16_224", dict(depth=1, embed_dim=32, num_heads=2, img_size=28, patch_size=7,
-                                                      in_chans=1, num_classes=10))
+    target = create_model("timm:vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=28, patch_size=7,
+                          in_chans=1, num_classes=10)
     load_init(target, str(tmp_path / "src.pth"))
     s, t = source.state_dict(), target.state_dict()
     for key in ("blocks.0.attn.qkv.weight", "blocks.0.mlp.fc2.weight", "cls_token", "norm.weight"):

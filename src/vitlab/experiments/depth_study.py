@@ -94,14 +94,11 @@ def parse_variants(text: str) -> list[str]:
 
 
 def variant_model(variant: str, base: str, depth: int) -> tuple[str, dict[str, Any]]:
-    """``(preset, overrides)`` of ``variant`` at ``depth`` on the width of preset ``base`` (validated)."""
-    from vitlab.models import get_config
-
+    """``(preset, overrides)`` of ``variant`` at ``depth`` on the width of preset ``base`` (:func:`depth_specs`
+    validates each with the study's shared options)."""
     if variant not in VARIANTS:
         raise ConfigError(unknown_option(variant, list(VARIANTS), "variant"))
-    preset, overrides = VARIANTS[variant](base, depth)
-    get_config(preset, **overrides)
-    return preset, overrides
+    return VARIANTS[variant](base, depth)
 
 
 def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: list[int], cfg: Any,

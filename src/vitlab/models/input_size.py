@@ -7,8 +7,6 @@ for the new grid; a new patch size resamples the patch kernel (FlexiViT).
 
 from __future__ import annotations
 
-import dataclasses
-
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
@@ -69,10 +67,7 @@ class ResizableInput:
                 self.pos_embed = table  # the registered buffer, replaced
         self.patch_embed.set_input_size(img, patch)
         self.grid_size, self.num_patches = self.patch_embed.grid_size, self.patch_embed.num_patches
-        self.cfg = cfg
-        spec = getattr(self, "vitlab_spec", None)
-        if isinstance(getattr(spec, "config", None), ModelConfig):
-            self.vitlab_spec = dataclasses.replace(spec, config=cfg)  # what a checkpoint of this model records
+        self.cfg = cfg  # and so its vitlab_spec, what a checkpoint of this model records
         self._input_size_changed()
         old = dict(getattr(self, "pretrained_cfg", None) or {})
         set_pretrained_cfg(self, {**old, "input_size": (cfg.in_chans, img, img)})
