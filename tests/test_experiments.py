@@ -15,16 +15,10 @@ import torch
 
 from vitlab.cli import main
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.experiments import common
-from vitlab.experiments.common import (
-    RunSpec,
-    aggregate,
-    fit_power_law,
-    mean_std,
-    parse_ints,
-    run_all,
-)
+from vitlab.experiments import budget, runs
 from vitlab.experiments.complexity import fit_rows, measure_size, saved_activation_bytes, split_macs
+from vitlab.experiments.power_law import fit_power_law
+from vitlab.experiments.runs import RunSpec, run_all
 from vitlab.experiments.sweep import (
     aggregate_rows,
     figure_series,
@@ -33,6 +27,8 @@ from vitlab.experiments.sweep import (
     sweep_specs,
     write_sweep,
 )
+from vitlab.experiments.table import aggregate, mean_std
+from vitlab.experiments.values import parse_ints
 from vitlab.models import create_model, get_config
 from vitlab.train.config import RunConfig
 
@@ -249,7 +245,7 @@ def test_budget_comes_from_the_data_sets_recipe():
     import argparse
 
     from vitlab.commands.options import add_run_options, base_run_config
-    from vitlab.experiments.common import budget_epochs
+    from vitlab.experiments.budget import budget_epochs
     from vitlab.train.config import size_defaults
 
     recipe = size_defaults(4000)["epochs"]  # mnist-5k trains on 4,000 digits
@@ -278,28 +274,28 @@ def test_reference_accuracy_and_the_undertrained_check():
 
 def test_study_command_warns_about_undertrained_runs(tmp_path: Path, monkeypatch, capsys):
     trainer = FakeTrainer(lambda cfg: 0.30 if cfg.model_overrides["depth"] == 1 else 0.97)
-    monkeypatch.setattr(common, "train_run", trainer)
+    monkeypatch.setattr(runs, "train_run", trainer)
     assert main(["sweep", "--param", "depth", "--values", "1,2", "--budget", "quick", "--no-progress",
                  "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "depth=1: test accuracy 30.00%" in out and "[under-trained]" in out.split("depth=2")[0]
     assert "[under-trained]" not in out.split("depth=2")[1].splitlines()[0]
     assert "warning: 1 of 2 runs ended more than 5 points below the 98% a trained model reaches on mnist-5k" in out
-    assert trainer.calls[0].epochs == common.budget_epochs("quick", "mnist-5k")
+    assert trainer.calls[0].epochs == budget.budget_epochs("quick", "mnist-5k")
 
 
 def test_the_undertrained_warning_tells_diverged_runs_from_short_ones():
     low = {"undertrained": True, "test_acc": 0.40}
     bad = {"undertrained": True, "test_acc": 0.10, "diverged": True}
     good = {"undertrained": False, "test_acc": 0.97}
-    short = common.undertrained_warning([low, good], "mnist-5k")
+    short = budget.undertrained_warning([low, good], "mnist-5k")
     assert "1 of 2 runs" in short and "give more epochs" in short and "diverged" not in short
-    both = common.undertrained_warning([bad, bad], "mnist-5k")  # more epochs cannot help a diverged run
+    both = budget.undertrained_warning([bad, bad], "mnist-5k")  # more epochs cannot help a diverged run
     assert "all of them diverged" in both and "a lower --lr" in both and "more epochs" not in both
-    mixed = common.undertrained_warning([bad, low, good], "mnist-5k")
+    mixed = budget.undertrained_warning([bad, low, good], "mnist-5k")
     assert "2 of 3 runs" in mixed and "1 of them diverged" in mixed and "give more epochs" in mixed
     assert "(lowest 10.0%)" in mixed
-    assert common.undertrained_warning([good], "mnist-5k") is None
+    assert budget.undertrained_warning([good], "mnist-5k") is None
 
 
 def test_sweep_specs_make_a_validated_grid():
@@ -325,7 +321,7 @@ def test_sweep_tables_and_figure_numbers(tmp_path: Path):
         o = cfg.model_overrides
         return accs[(str(o["embed_dim"]), str(o["depth"]))][cfg.seed]
 
-    pairs = run_all(specs, tmp_path, trainer=FakeTrainer(acc), progress=False)
+    pairs = run_all(specs, tmp_path, trainer=FakeTrainer(acc))
     result = write_sweep(tmp_path, pairs, params, title="t", command="vitlab sweep", meta={"model": "vit_mnist"})
     rows = read_rows(tmp_path / "results.csv")
     assert len(rows) == 12 and {"embed_dim", "depth", "seed", "test_acc", "params", "macs", "flops",
@@ -362,7 +358,7 @@ def test_finished_only_writes_the_tables_of_what_finished(tmp_path: Path, monkey
     base = ["sweep", "--param", "embed_dim", "--set", "depth=1", *TINY_RUN, "--output", str(out)]
     assert main(base[:3] + ["--values", "16"] + base[3:]) == 0  # one process trained 16 only
     calls = []
-    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    monkeypatch.setattr(runs, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
     capsys.readouterr()
     assert main(base[:3] + ["--values", "16,32"] + base[3:] + ["--finished-only"]) == 0
     assert calls == []  # nothing trained
@@ -401,7 +397,7 @@ def test_a_diverged_run_is_a_result_of_the_study(tmp_path: Path, monkeypatch, ca
     assert "diverged at epoch 1" in captured.err
     assert "[diverged: 1 of 1 seeds]" in captured.out and captured.out.count("[diverged") == 1
     calls = []  # read back as a finished run, never retrained
-    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    monkeypatch.setattr(runs, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
     assert main(argv) == 0 and calls == []
     assert [r["diverged"] for r in read_rows(out / "results.csv")] == ["False", "True"]
 
@@ -440,7 +436,7 @@ def test_sweep_command_end_to_end_and_resume(tmp_path: Path, monkeypatch, capsys
     page = (out / "index.html").read_text()
     assert "sweep_embed_dim.png" in page and "--param embed_dim --values 16,32 --seeds 1" in page and "torch" in page
     calls = []
-    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    monkeypatch.setattr(runs, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
     capsys.readouterr()
     assert main(argv) == 0
     assert calls == [] and "already finished" in capsys.readouterr().err
@@ -533,7 +529,7 @@ def test_depth_study_fixup_variants():
 
 
 def test_depth_study_diagnostic_columns():
-    from vitlab.experiments.depth_study import diagnostic_columns
+    from vitlab.analysis.depth_diagnostics import diagnostic_columns
 
     diag = {"collapse": [{"group": "self_attention", "layers": [0, 1, 2], "mean_similarity": 0.7,
                           "similar_blocks": [1, 1, 0], "similarity": [[1, .95, .3], [.95, 1, .4], [.3, .4, 1]]}],
@@ -548,8 +544,8 @@ def test_depth_study_diagnostic_columns():
 
 
 def test_depth_study_curves_average_over_seeds():
+    from vitlab.analysis.depth_plots import curves
     from vitlab.experiments.depth_study import aggregate_rows as depth_aggregate
-    from vitlab.experiments.depth_study import curves
 
     rows = []
     for variant, depth, seed, acc in (("vit", 8, 0, 0.90), ("vit", 8, 1, 0.94), ("vit", 4, 0, 0.95),
@@ -571,7 +567,7 @@ def test_depth_study_curves_average_over_seeds():
 
 
 def test_depth_study_similar_blocks_per_layer(tmp_path: Path):
-    from vitlab.experiments.depth_study import plot_similar_blocks, similar_block_lines
+    from vitlab.analysis.depth_plots import plot_similar_blocks, similar_block_lines
 
     rows = []
     for seed, counts in ((0, [2, 1, 0]), (1, [0, 1, 2])):
@@ -593,9 +589,9 @@ def test_depth_study_similar_blocks_per_layer(tmp_path: Path):
 
 def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):
     from vitlab.analysis import collapse_groups, residual_ratios
+    from vitlab.analysis.depth_diagnostics import diagnose
     from vitlab.checkpoint import save_checkpoint
     from vitlab.data import normalize
-    from vitlab.experiments.depth_study import diagnose
 
     model = create_model("vit_mnist", depth=3, gate="layerscale", init_values=0.1).eval()
     save_checkpoint(tmp_path, model)
@@ -620,9 +616,10 @@ def test_depth_study_diagnose_a_checkpoint(tmp_path: Path):
 
 def test_depth_study_diagnoses_reattention_before_the_head_mix(tmp_path: Path):
     from vitlab.analysis import attention_entropy, collapse_groups
+    from vitlab.analysis.depth_diagnostics import diagnose, diagnostic_columns
     from vitlab.checkpoint import save_checkpoint
     from vitlab.data import normalize
-    from vitlab.experiments.depth_study import diagnose, diagnostic_columns, per_layer_rows
+    from vitlab.experiments.depth_study import per_layer_rows
     from vitlab.layers.reattention import record_pre_mix
 
     model = create_model("vit_mnist", depth=3, attn="reattention").eval()
@@ -670,9 +667,9 @@ def test_depth_study_diagnoses_reattention_before_the_head_mix(tmp_path: Path):
 
 
 def test_talking_heads_maps_are_recorded_before_their_post_softmax_mix(tmp_path: Path):
+    from vitlab.analysis.depth_diagnostics import diagnose
     from vitlab.checkpoint import save_checkpoint
     from vitlab.data import normalize
-    from vitlab.experiments.depth_study import diagnose
     from vitlab.layers import record_attention, record_pre_mix
 
     model = create_model("cait_xxs24", depth=2, embed_dim=32, num_heads=4, img_size=28, patch_size=7, in_chans=1,
@@ -719,12 +716,12 @@ def test_depth_study_command(tmp_path: Path, monkeypatch):
                  "collapse_layers.csv", "index.html"):
         assert (out / name).stat().st_size > 0
     calls = []
-    monkeypatch.setattr(common, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
+    monkeypatch.setattr(runs, "train_run", lambda cfg, init=None: calls.append(cfg) or {})
     assert main(argv) == 0 and calls == []
 
 
 def test_depth_accuracy_figure_zooms_on_trained_points(tmp_path: Path, monkeypatch):
-    from vitlab.experiments import depth_study
+    from vitlab.analysis import depth_plots
 
     def row(variant, depth, acc, undertrained=False, diverged=0):
         return {"variant": variant, "depth": depth, "test_acc_mean": acc, "test_acc_std": 0.0,
@@ -733,17 +730,17 @@ def test_depth_accuracy_figure_zooms_on_trained_points(tmp_path: Path, monkeypat
     trained = [row("vit", 2, 0.97), row("vit", 4, 0.975), row("fixup", 2, 0.98)]
     failed = [row("fixup", 4, 0.10, True, 2)]
     drawn = []
-    real = depth_study.plot_against_depth
+    real = depth_plots.plot_against_depth
 
     def spy(agg, variants, panels, path, title, subsets=None):
         drawn.append((panels, subsets))
         return real(agg, variants, panels, path, title, subsets=subsets)
 
-    monkeypatch.setattr(depth_study, "plot_against_depth", spy)
-    depth_study.plot_accuracy(trained + failed, ["vit", "fixup"], tmp_path / "a.png")
+    monkeypatch.setattr(depth_plots, "plot_against_depth", spy)
+    depth_plots.plot_accuracy(trained + failed, ["vit", "fixup"], tmp_path / "a.png")
     panels, subsets = drawn[-1]
     assert len(panels) == 2 and subsets[0] == trained + failed and subsets[1] == trained  # the zoom leaves it out
-    depth_study.plot_accuracy(trained, ["vit", "fixup"], tmp_path / "b.png")
+    depth_plots.plot_accuracy(trained, ["vit", "fixup"], tmp_path / "b.png")
     assert len(drawn[-1][0]) == 1 and drawn[-1][1] is None  # nothing to zoom on
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
 

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from vitlab.commands.options import command_line
-    from vitlab.experiments.common import parse_ints
     from vitlab.experiments.complexity import ComplexityConfig, run_complexity
+    from vitlab.experiments.values import parse_ints
     from vitlab.train.options import parse_set
 
     config = ComplexityConfig(args.model, parse_ints(args.img_sizes, "--img-sizes"), args.output, parse_set(args.set),

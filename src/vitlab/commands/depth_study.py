@@ -50,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from vitlab.commands.options import base_run_config, command_line
-    from vitlab.experiments.common import parse_ints
     from vitlab.experiments.depth_study import (
         DepthStudyConfig,
         check_depth_study,
@@ -58,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         run_depth_study,
         variant_notes,
     )
+    from vitlab.experiments.values import parse_ints
     from vitlab.train.options import parse_set
 
     config = DepthStudyConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants),

@@ -11,7 +11,7 @@ import argparse
 import shlex
 from typing import Any
 
-from vitlab.experiments.common import BUDGETS  # torch-free at import, as everything a parser is built from
+from vitlab.experiments.budget import BUDGETS  # torch-free at import, as everything a parser is built from
 
 
 def command_line(args: argparse.Namespace, paired: tuple[str, str] | None = None) -> str:
@@ -49,18 +49,22 @@ def command_line(args: argparse.Namespace, paired: tuple[str, str] | None = None
     return shlex.join(words)
 
 
-def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs per run") -> None:
+def add_run_options(p: argparse.ArgumentParser) -> None:
     """The training options every study shares (anything left out takes the data set's recipe)."""
     p.add_argument("--budget", choices=tuple(BUDGETS), default="default",
                    help="epochs per run relative to the data set's recipe: quick (a fifth: a smoke test, its runs "
                         "end under-trained), default (the recipe's epochs, 50 on mnist-5k: past the early "
                         "plateau), long (twice the recipe's)")
     p.add_argument("--epochs", type=int, default=None,
-                   help=f"{epochs_help}, exactly (overrides --budget; default: the budget's)")
+                   help="epochs per run, exactly (overrides --budget; default: the budget's)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the recipe's)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     p.add_argument("--limit-train", type=int, default=None, metavar="N", help="train on a fixed subset of N images")
     p.add_argument("--limit-test", type=int, default=None, metavar="N", help="test on the first N test images")
+    p.add_argument("--val-split", type=float, default=None, metavar="F",
+                   help="hold out this fraction of each run's training images as a validation split (as `vitlab "
+                        "train --val-split`): the tables gain val_acc and best_val_acc, and what a study chooses "
+                        "is chosen on them, never on the test set")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's)")
@@ -79,7 +83,7 @@ def add_run_options(p: argparse.ArgumentParser, *, epochs_help: str = "epochs pe
 
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     """A :class:`~vitlab.train.config.RunConfig` from the shared options plus ``fields``."""
-    from vitlab.experiments.common import budget_epochs
+    from vitlab.experiments.budget import budget_epochs
     from vitlab.train.config import NO_AUGMENT, RunConfig, coerce
     from vitlab.train.options import parse_set
 
@@ -90,8 +94,9 @@ def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     if epochs is None and getattr(args, "budget", "default") != "default":
         epochs = budget_epochs(args.budget, fields.get("dataset", "mnist-5k"), args.limit_train)
     opts = {"epochs": epochs, "batch_size": args.batch_size, "lr": args.lr, "limit_train": args.limit_train,
-            "limit_test": args.limit_test, "data_dir": args.data_dir, "device": args.device,
-            "threads": args.threads, "progress": args.progress, "logger": getattr(args, "logger", None)}
+            "limit_test": args.limit_test, "val_split": args.val_split, "data_dir": args.data_dir,
+            "device": args.device, "threads": args.threads, "progress": args.progress,
+            "logger": getattr(args, "logger", None)}
     if args.no_augment:
         opts.update(NO_AUGMENT)
     cfg = RunConfig(**{**{k: v for k, v in opts.items() if v is not None}, **extra, **fields})

@@ -101,7 +101,7 @@ def run_search_command(args: argparse.Namespace) -> int:
 
     from vitlab.commands.options import base_run_config, command_line
     from vitlab.errors import ConfigError
-    from vitlab.experiments.common import check_output
+    from vitlab.experiments.runs import check_output
     from vitlab.experiments.search import SearchConfig, import_optuna, parse_search_params, run_search
     from vitlab.train.options import parse_set
 

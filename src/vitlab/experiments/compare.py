@@ -15,21 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.experiments.common import (
-    RunSpec,
-    aggregate,
-    diverged,
-    mark_groups,
-    safe_name,
-    split_list,
+from vitlab.experiments.budget import undertrained_warning, warning_section
+from vitlab.experiments.runs import RunSpec
+from vitlab.experiments.table import (
+    VALIDATION,
+    aggregate_runs,
+    has_validation,
+    run_marks,
     summary_value,
-    undertrained,
-    undertrained_warning,
-    warning_section,
+    summary_values,
+    value_columns,
 )
+from vitlab.experiments.values import safe_name, split_list
 
 SKIP = ("-", "none", "")
-VALUES = ("test_acc", "best_test_acc", "train_time_s", "train_cpu_s", "wall_time_s")
+VALUES = ("test_acc", "train_time_s", "train_cpu_s", "wall_time_s")  # with a validation split also table.VALIDATION
 
 
 @dataclass
@@ -72,9 +72,9 @@ def parse_models(text: str) -> list[str]:
 
 
 def parse_model_sets(items: list[str] | None, models: list[str]) -> dict[str, dict[str, Any]]:
-    """``--set [MODEL:]KEY=VALUE`` -> options per model (without MODEL: for every model); values read by
-    :func:`vitlab.train.options.parse_value`."""
-    from vitlab.train.options import parse_value
+    """``--set [MODEL:]KEY=VALUE`` -> options per model (without MODEL: for every model); ``KEY=VALUE`` read by
+    :func:`vitlab.train.options.parse_set`, as every command's ``--set``."""
+    from vitlab.train.options import parse_set
 
     out: dict[str, dict[str, Any]] = {m: {} for m in models}
     for item in items or ():
@@ -87,7 +87,7 @@ def parse_model_sets(items: list[str] | None, models: list[str]) -> dict[str, di
         for t in targets:
             if t not in out:
                 raise ConfigError(f"--set {item!r} names model {t!r}, which is not in --models ({', '.join(models)})")
-            out[t][key.strip()] = parse_value(value)
+            out[t].update(parse_set([f"{key}={value}"]))
     return out
 
 
@@ -172,35 +172,32 @@ def matmul_macs(run_dir: Path) -> int | None:
 
 
 def result_rows(pairs: list[tuple[RunSpec, dict]], out: Path) -> list[dict[str, Any]]:
+    """One row per run: the model, how it started, seed, accuracies (final test; with a validation split also the
+    final and best validation accuracy), times, parameters and MACs."""
     import json
 
+    values = value_columns(VALUES, has_validation(summary for _, summary in pairs))
     rows = []
     for spec, summary in pairs:
         row = {"label": spec.info["label"], "model": spec.info["model"], "start": spec.info["start"],
                "seed": spec.info["seed"]}
-        for key in VALUES:
-            row[key] = summary_value(summary, key)
+        row.update(summary_values(summary, values))
         row["epochs"] = summary_value(summary, "epochs")
         row["params"] = int(summary_value(summary, "params"))
         macs = summary_value(summary, "macs")
         row["macs"] = int(macs) if macs == macs else None
         row["matmul_macs"] = matmul_macs(out / spec.name)
         row["overrides"] = json.dumps(spec.info["overrides"], sort_keys=True)
-        row["undertrained"] = undertrained(summary, spec.config)
-        row["diverged"] = diverged(summary)
+        row.update(run_marks(summary, spec.config))
         row["run"] = spec.name
         rows.append(row)
     return rows
 
 
 def aggregate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    agg = aggregate(rows, ("label", "start"), VALUES)
-    first = {(r["label"], r["start"]): r for r in reversed(rows)}
-    for a in agg:
-        r = first[(a["label"], a["start"])]
-        a["model"], a["params"], a["macs"], a["matmul_macs"] = r["model"], r["params"], r["macs"], r["matmul_macs"]
-    mark_groups(agg, rows, ("label", "start"))
-    return agg
+    """Mean and standard deviation over seeds per row of the table (model and how it started)."""
+    values = value_columns(VALUES, any("val_acc" in r for r in rows))
+    return aggregate_runs(rows, ("label", "start"), values, carry=("model", "params", "macs", "matmul_macs"))
 
 
 def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Path:
@@ -248,7 +245,9 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
     agg = aggregate_rows(rows)
     write_csv(out / "results.csv", rows)
     table = [{"model": a["label"], "start": a["start"], "test_acc": a["test_acc_mean"],
-              "test_acc_std": a["test_acc_std"], "seeds": a["n"], "params": a["params"], "macs": a["macs"],
+              "test_acc_std": a["test_acc_std"],
+              **({c: a[f"{c}_mean"] for c in VALIDATION} if "val_acc_mean" in a else {}),
+              "seeds": a["n"], "params": a["params"], "macs": a["macs"],
               "matmul_macs": a["matmul_macs"], "train_time_s": a["train_time_s_mean"],
               "wall_time_s": a["wall_time_s_mean"], "undertrained": a["undertrained"],
               "diverged": a["diverged"]} for a in agg]
@@ -291,7 +290,7 @@ class CompareConfig:
 def run_compare(config: CompareConfig) -> dict[str, Any]:
     """Train (or read back) every run and write the table, figure and report into ``config.output``; returns
     :func:`write_compare`'s result and the study folder (``out``)."""
-    from vitlab.experiments.common import check_output, run_all, track_study
+    from vitlab.experiments.runs import check_output, run_all, track_study
 
     if config.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")

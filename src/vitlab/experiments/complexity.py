@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import ConfigError
-from vitlab.experiments.common import fit_power_law
+from vitlab.experiments.power_law import fit_power_law
 
 BACKENDS = ("fused", "math")
 COLUMNS = ("img_size", "tokens", "batch_size", "forward_s", "forward_backward_s", "memory_bytes", "memory_kind",
@@ -282,7 +282,7 @@ def run_complexity(config: ComplexityConfig, log: Any = None) -> dict[str, Any]:
     ``config.output``; returns the result, its fits by quantity, the report's text, the study folder (``out``) and
     the thread count. ``log(line)`` hears one line per size."""
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
-    from vitlab.experiments.common import check_output
+    from vitlab.experiments.runs import check_output
     from vitlab.models import get_config
 
     sizes, overrides = config.img_sizes, config.overrides

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments.common import format_value
+from vitlab.experiments.values import format_value
 
 OBJECTIVES = {"test_acc": "maximize", "test_loss": "minimize"}  # the per-epoch metric -> its direction
 

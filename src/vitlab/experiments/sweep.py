@@ -19,27 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.experiments.common import (
-    RunSpec,
-    aggregate,
-    diverged,
-    format_value,
-    mark_groups,
-    model_cost,
-    safe_name,
-    split_list,
+from vitlab.experiments.budget import undertrained_warning, warning_section
+from vitlab.experiments.runs import RunSpec
+from vitlab.experiments.table import (
+    aggregate_runs,
+    has_validation,
+    run_marks,
     summary_value,
-    undertrained,
-    undertrained_warning,
-    unknown_option,
-    warning_section,
+    summary_values,
+    value_columns,
 )
+from vitlab.experiments.values import format_value, safe_name, split_list, unknown_option
 
 MODEL, RUN = "model", "run"
 SWEEPABLE_RUN = ("epochs", "batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing",
                  "clip_grad", "drop_path", "drop_path_rule", "ema_decay", "degrees", "shear", "translate",
                  "erase_prob", "hflip", "pad_crop", "mixup", "cutmix", "limit_train", "layer_decay")
-VALUES = ("test_acc", "best_test_acc", "train_time_s", "train_cpu_s", "wall_time_s")
+VALUES = ("test_acc", "train_time_s", "train_cpu_s", "wall_time_s")  # with a validation split also table.VALIDATION
 
 
 @dataclass
@@ -132,14 +128,26 @@ def sweep_specs(model: str, params: list[SweepParam], seeds: list[int], base: An
     return specs
 
 
+def model_cost(preset: str, overrides: dict[str, Any]) -> tuple[int, int]:
+    """``(parameters, MACs per image)`` of a vitlab preset with ``overrides``, built on the meta device."""
+    import torch
+
+    from vitlab.models import create_model
+
+    with torch.device("meta"):
+        model = create_model(preset, **overrides)
+    return sum(p.numel() for p in model.parameters()), model.flop_count()
+
+
 def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> list[dict[str, Any]]:
-    """One row per run: the swept values, seed, accuracies, parameters, MACs/FLOPs and times."""
+    """One row per run: the swept values, seed, accuracies (final test; with a validation split also the final
+    and best validation accuracy), parameters, MACs/FLOPs and times."""
+    values = value_columns(VALUES, has_validation(summary for _, summary in pairs))
     rows = []
     for spec, summary in pairs:
         row = {p.name: spec.info[p.name] for p in params}
         row["seed"] = spec.info["seed"]
-        for key in VALUES:
-            row[key] = summary_value(summary, key)
+        row.update(summary_values(summary, values))
         row["epochs"] = summary_value(summary, "epochs")
         params_n, macs = summary_value(summary, "params"), summary_value(summary, "macs")
         if math.isnan(params_n) or math.isnan(macs):
@@ -148,8 +156,7 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> 
         row["params"] = int(params_n)
         row["macs"] = int(macs)
         row["flops"] = 2 * int(macs)
-        row["undertrained"] = undertrained(summary, spec.config)
-        row["diverged"] = diverged(summary)
+        row.update(run_marks(summary, spec.config))
         row["run"] = spec.name
         rows.append(row)
     return rows
@@ -157,14 +164,7 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> 
 
 def aggregate_rows(rows: list[dict[str, Any]], params: list[SweepParam]) -> list[dict[str, Any]]:
     """Mean and standard deviation over seeds of each value combination (``n`` runs each)."""
-    keys = [p.name for p in params]
-    agg = aggregate(rows, keys, VALUES)
-    first = {tuple(r[k] for k in keys): r for r in reversed(rows)}
-    for a in agg:
-        r = first[tuple(a[k] for k in keys)]
-        a["params"], a["macs"] = r["params"], r["macs"]
-    mark_groups(agg, rows, keys)
-    return agg
+    return aggregate_runs(rows, [p.name for p in params], value_columns(VALUES, any("val_acc" in r for r in rows)))
 
 
 @dataclass
@@ -237,10 +237,18 @@ def plot_param(series: list[Series], param: SweepParam, path: str | Path, title:
 
 
 def summary_text(agg: list[dict[str, Any]], params: list[SweepParam]) -> str:
-    best = max(agg, key=lambda a: a["test_acc_mean"] if a["test_acc_mean"] == a["test_acc_mean"] else -1)
+    """The sweep in one sentence: the best combination, chosen on the validation split when the runs held one
+    out (its test accuracy beside it), else the highest final test accuracy, said to be read on the test set."""
+    metric = "val_acc" if "val_acc_mean" in agg[0] else "test_acc"
+    best = max(agg, key=lambda a: a[f"{metric}_mean"] if a[f"{metric}_mean"] == a[f"{metric}_mean"] else -1)
     where = ", ".join(f"{p.name}={best[p.name]}" for p in params)
+    if metric == "val_acc":
+        return (f"Best mean validation accuracy {100 * best['val_acc_mean']:.2f}% (+- {100 * best['val_acc_std']:.2f}, "
+                f"{best['n']} seeds) at {where}; its test accuracy {100 * best['test_acc_mean']:.2f}% "
+                f"(+- {100 * best['test_acc_std']:.2f}).")
     return (f"Best mean test accuracy {100 * best['test_acc_mean']:.2f}% (+- {100 * best['test_acc_std']:.2f}, "
-            f"{best['n']} seeds) at {where}.")
+            f"{best['n']} seeds) at {where}, read on the test set: a description of this grid, not a tuned "
+            "result (--val-split chooses on held-out training images).")
 
 
 def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[SweepParam], *, title: str,
@@ -293,7 +301,7 @@ class SweepConfig:
 def run_sweep(config: SweepConfig) -> dict[str, Any]:
     """Train (or read back) every run of the sweep and write its tables, figures and report into
     ``config.output``; returns :func:`write_sweep`'s result and the study folder (``out``)."""
-    from vitlab.experiments.common import check_output, run_all, track_study
+    from vitlab.experiments.runs import check_output, run_all, track_study
 
     if config.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")

@@ -1,0 +1,175 @@
+"""The figures of a depth study: values against depth per variant (mean +- std over seeds), residual ratios per
+block, similar blocks per layer and the cross-layer similarity heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def curves(agg: list[dict[str, Any]], value: str, variants: list[str]) -> dict[str, tuple[list, list, list]]:
+    """``{variant: (depths, means, stds)}`` of ``value`` in depth order: the lines of a figure against depth."""
+    out = {}
+    for v in variants:
+        pts = sorted((a["depth"], a[f"{value}_mean"], a[f"{value}_std"]) for a in agg if a["variant"] == v)
+        if pts:
+            out[v] = ([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts])
+    return out
+
+
+def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: list[tuple[str, str, float]],
+                       path: str | Path, title: str, subsets: list[list[dict[str, Any]]] | None = None) -> Path:
+    """One panel per ``(value, ylabel, scale)``: a line per variant with mean +- std over seeds against depth
+    (panel ``i`` draws the rows ``subsets[i]`` when given, else all of ``agg``); a variant keeps its colour
+    across panels."""
+    from vitlab.analysis.plots import new_figure, save
+
+    cols = min(3, len(panels))  # more than three panels wrap onto further rows
+    nrows = -(-len(panels) // cols)
+    fig = new_figure(5.0 * cols, 3.9 * nrows)
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
+    depths = sorted({a["depth"] for a in agg})
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    for i, (ax, (value, ylabel, scale)) in enumerate(zip(axes, panels)):
+        rows = subsets[i] if subsets is not None else agg
+        for variant, (x, m, s) in curves(rows, value, variants).items():
+            ax.errorbar(x, [scale * v for v in m], yerr=[scale * v for v in s], marker="o", capsize=3, label=variant,
+                        color=colours[variant])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.minorticks_off()
+        ax.set_xlabel("depth (self-attention blocks)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+def plot_accuracy(agg: list[dict[str, Any]], variants: list[str], path: str | Path) -> Path:
+    """Test accuracy against depth per variant; when some points are under-trained or diverged (they sit tens of
+    points below and flatten every other line), a second panel shows the trained points alone at their scale."""
+    title = "test accuracy against depth (mean +- std over seeds)"
+    panels = [("test_acc", "test accuracy (%)", 100.0)]
+    trained = [a for a in agg if not a.get("undertrained") and not a.get("diverged")]
+    if not trained or len(trained) == len(agg):
+        return plot_against_depth(agg, variants, panels, path, title)
+    panels.append(("test_acc", "test accuracy (%), trained points only", 100.0))
+    return plot_against_depth(agg, variants, panels, path, title, subsets=[agg, trained])
+
+
+def plot_ratios(ratio_rows: list[dict[str, Any]], variants: list[str], depths: list[int], path: str | Path) -> Path:
+    """Residual ratio per block (attention branch solid, MLP dashed), one panel per depth, mean over seeds."""
+    import matplotlib as mpl
+    from matplotlib.ticker import MaxNLocator
+
+    from vitlab.analysis.plots import new_figure, save
+
+    fig = new_figure(4.6 * len(depths), 3.8)
+    axes = fig.subplots(1, len(depths), squeeze=False)[0]
+    colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, depth in zip(axes, depths):
+        for i, variant in enumerate(variants):
+            rows = [r for r in ratio_rows if r["variant"] == variant and r["depth"] == depth]
+            blocks = sorted({r["block"] for r in rows})
+            if not blocks:
+                continue
+            for branch, style in (("attn", "-"), ("mlp", "--")):
+                y = [_mean([r[f"{branch}_mean"] for r in rows if r["block"] == b]) for b in blocks]
+                ax.plot(blocks, [max(v, 1e-8) for v in y], style, color=colors[i % len(colors)],
+                        label=variant if branch == "attn" else None)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("block (CaiT: class-attention last)")
+        ax.set_title(f"depth {depth}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("||gate(branch(x))|| / ||x||")
+    axes[0].legend(fontsize=8, title="solid: attn, dashed: MLP", title_fontsize=7)
+    fig.suptitle("residual ratio per block after training (mean over test images and seeds)")
+    return save(fig, path)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def similar_block_lines(layer_rows: list[dict[str, Any]], depth: int,
+                        variants: list[str]) -> dict[str, tuple[list[int], list[float]]]:
+    """``{label: (layers, mean similar blocks)}`` at ``depth``: for each self-attention layer, how many other
+    layers have a map above the threshold (DeepViT's "number of similar blocks"), averaged over seeds. One line
+    per variant from its recorded maps, plus ``"<variant> pre-mix"`` for the softmax maps before a head
+    mix (re-attention, talking heads)."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for variant in variants:
+        for maps, label in (("recorded", variant), ("pre_mix", f"{variant} pre-mix")):
+            rows = [r for r in layer_rows if r["variant"] == variant and r["depth"] == depth
+                    and r["maps"] == maps and r["group"] == "self_attention"]
+            layers = sorted({r["layer"] for r in rows})
+            if layers:
+                out[label] = (layers, [_mean([r["similar_blocks"] for r in rows if r["layer"] == x])
+                                       for x in layers])
+    return out
+
+
+def plot_similar_blocks(layer_rows: list[dict[str, Any]], variants: list[str], depths: list[int], threshold: float,
+                        path: str | Path) -> Path:
+    """Number of similar blocks per self-attention layer, one panel per depth (softmax maps before a head mix
+    dashed): the per-layer view of attention collapse."""
+    import matplotlib as mpl
+    from matplotlib.ticker import MaxNLocator
+
+    from vitlab.analysis.plots import new_figure, save
+
+    fig = new_figure(4.6 * len(depths), 3.8)
+    axes = fig.subplots(1, len(depths), squeeze=False)[0]
+    colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {v: colors[i % len(colors)] for i, v in enumerate(variants)}
+    for ax, depth in zip(axes, depths):
+        for label, (layers, counts) in similar_block_lines(layer_rows, depth, variants).items():
+            variant = label.removesuffix(" pre-mix")
+            ax.plot(layers, counts, "--" if label.endswith("pre-mix") else "-", marker=".", color=color[variant],
+                    label=label)
+        ax.set_ylim(-0.5, max(depth - 1, 1) + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("self-attention layer")
+        ax.set_title(f"depth {depth}")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel(f"similar blocks (cosine > {threshold:g})")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("similar blocks per layer, mean over seeds\n(dashed: softmax maps before a head mix)", fontsize=10)
+    return save(fig, path)
+
+
+def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Path) -> Path:
+    """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0), plus
+    one of the softmax maps before a head mix ("pre-mix": re-attention, talking heads), three panels per row."""
+    import math as m
+
+    import numpy as np
+
+    from vitlab.analysis.plots import SIM, new_figure, save
+
+    panels = []
+    for variant, diag in diags.items():
+        for key, label in (("collapse", variant), ("collapse_pre_mix", f"{variant} pre-mix")):
+            sa = next((g for g in diag.get(key, []) if g["group"] == "self_attention"), None)
+            if sa:
+                panels.append((f"{label} (mean {sa['mean_similarity']:.2f})", np.array(sa["similarity"])))
+    cols = min(3, len(panels))
+    rows = m.ceil(len(panels) / cols)
+    lo = min(0.0, *(float(p[1].min()) for p in panels))
+    fig = new_figure(3.6 * cols + 0.8, 3.4 * rows + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (title, sim) in zip(axes, panels):
+        im = ax.imshow(sim, cmap=SIM, vmin=lo, vmax=1.0, interpolation="nearest")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("layer q")
+        ax.set_ylabel("layer p")
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="cosine similarity")
+    fig.suptitle(f"cross-layer attention similarity at depth {depth}")
+    return save(fig, path)
