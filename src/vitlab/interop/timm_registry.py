@@ -5,6 +5,10 @@ presets) and ``vitlab_P`` (one architecture per preset; ``timm.list_models('vitl
 return the vitlab model itself, so every keyword of :class:`vitlab.ModelConfig` passes through
 (``num_classes``, ``img_size``, ``in_chans``, ``depth``, ``dynamic_img_size``...).
 
+timm's construction arguments work as for timm's own ViTs: ``features_only=True`` (with ``out_indices``,
+``feature_cls``) returns timm's feature extractor with ``feature_info``, ``device=`` / ``dtype=`` create the model
+there (``device='meta'``: shapes only).
+
 Weights: ``checkpoint_path=RUN/model.safetensors`` (timm's loader, strict), or ``pretrained=True,
 pretrained_cfg_overlay=dict(file=RUN)``, which rebuilds the checkpoint's own architecture and carries its
 normalisation in ``pretrained_cfg``.
@@ -14,14 +18,19 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from timm.models import PretrainedCfg
+from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet, FeatureListNet
+from timm.models._features_fx import FeatureGraphNet
 from timm.models._registry import DefaultCfg, is_model, model_entrypoint, register_model
+from torch import nn
 
 from vitlab.errors import ConfigError
 from vitlab.models import PRESETS, VitlabModel, create_model, get_config
+from vitlab.models.base import build_placed
 from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
 
 ARCH = "vitlab"  # timm.create_model("vitlab.<preset>")
@@ -30,6 +39,10 @@ PREFIX = "vitlab_"  # timm.create_model("vitlab_<preset>")
 __all__ = ["ARCH", "PREFIX", "register_timm", "timm_names"]
 
 default_cfgs: dict[str, DefaultCfg] = {}  # read by timm's register_model: this module's pretrained cfgs
+
+# timm's builder maps feature_cls names so (timm.models._builder.build_model_with_cfg)
+FEATURE_CLASSES: dict[str, type[nn.Module]] = {"getter": FeatureGetterNet, "hook": FeatureHookNet,
+                                               "list": FeatureListNet, "dict": FeatureDictNet, "fx": FeatureGraphNet}
 
 
 def timm_names(dotted: bool = True) -> list[str]:
@@ -69,7 +82,7 @@ def _dotted_entrypoint(pretrained: bool = False, pretrained_cfg: Any = None, **k
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"name a vitlab preset after the dot, e.g. timm.create_model('{ARCH}.vit_mnist'); "
                           f"got {preset!r}; `vitlab models` lists them")
-    return build_for_timm(preset, pretrained=pretrained, **kwargs)
+    return build_timm_model(preset, pretrained=pretrained, **kwargs)
 
 
 def _preset_entrypoint(preset: str) -> Callable[..., VitlabModel]:
@@ -77,10 +90,33 @@ def _preset_entrypoint(preset: str) -> Callable[..., VitlabModel]:
         if isinstance(pretrained_cfg, str) and pretrained_cfg:
             raise ConfigError(f"{PREFIX}{preset} has no pretrained tag {pretrained_cfg!r}; drop the "
                               f"'.{pretrained_cfg}'")
-        return build_for_timm(preset, pretrained=pretrained, **kwargs)
+        return build_timm_model(preset, pretrained=pretrained, **kwargs)
 
     entry.__doc__ = f"vitlab preset {preset} (see vitlab.create_model)."
     return entry
+
+
+def build_timm_model(preset: str, *, pretrained: bool = False, features_only: bool = False,
+                     out_indices: int | Sequence[int] = 3, feature_cls: str | type = "getter",
+                     device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                     **kwargs: Any) -> nn.Module:
+    """:func:`build_for_timm` under the construction arguments timm's builder (``build_model_with_cfg``) reads for
+    every model: the model is created on ``device`` in ``dtype``; ``features_only`` returns timm's feature
+    extractor (``feature_cls``, default ``'getter'``: timm's ``FeatureGetterNet`` over ``forward_intermediates``,
+    the blocks after the last of ``out_indices`` pruned, as timm builds its ViTs) with ``feature_info``;
+    ``out_indices``: the blocks it returns (int n: the last n; default the last 3, as timm's ViT and CaiT)."""
+    model = build_placed(lambda: build_for_timm(preset, pretrained=pretrained, **kwargs), device, dtype)
+    if not features_only:
+        return model
+    cls = FEATURE_CLASSES.get(feature_cls.lower()) if isinstance(feature_cls, str) else feature_cls
+    if cls is None:
+        raise ConfigError(f"unknown feature_cls {feature_cls!r}; choose one of {', '.join(FEATURE_CLASSES)}")
+    from timm.models._builder import pretrained_cfg_for_features
+
+    features = cls(model, out_indices=out_indices)
+    features.pretrained_cfg = features.default_cfg = pretrained_cfg_for_features(model.pretrained_cfg)
+    features.in_chans = model.cfg.in_chans
+    return features
 
 
 def build_for_timm(preset: str, *, pretrained: bool = False, pretrained_cfg_overlay: dict | None = None,

@@ -21,7 +21,7 @@ from torch import nn
 
 from vitlab.errors import ConfigError
 from vitlab.models import cait, deepvit, vit, vit5
-from vitlab.models.base import VitlabModel
+from vitlab.models.base import VitlabModel, build_placed
 from vitlab.models.config import ModelConfig
 
 PRESETS: dict[str, dict] = {}
@@ -156,13 +156,16 @@ def _create_timm(name: str, kwargs: dict[str, Any]) -> nn.Module:
     return fit_timm_pretrained_cfg(model, kwargs)  # timm keeps the default size's; timm.data should see this model's
 
 
-def create_model(model: str | ModelConfig | ModelSpec, **overrides: Any) -> nn.Module:
+def create_model(model: str | ModelConfig | ModelSpec, *, device: Any = None, dtype: Any = None,
+                 **overrides: Any) -> nn.Module:
     """Create a model: a preset name (any :class:`ModelConfig` field: ``img_size``, ``patch_size``, ``in_chans``,
     ``num_classes``, ``depth``, ``embed_dim``, ``num_heads``, ``mlp_ratio``, ``gate``, ``attn``, ... overrides the
     preset), ``"timm:NAME"`` (``overrides`` go to ``timm.create_model``), a :class:`ModelConfig`, or a
     :class:`ModelSpec` (e.g. ``vitlab.checkpoint.read_spec(run_dir)``). The model carries its spec as
-    ``model.vitlab_spec``."""
-    return ModelSpec.of(model, **overrides).build()
+    ``model.vitlab_spec``. ``device`` / ``dtype`` (as timm's): its parameters and buffers are created on that device
+    (``'meta'``: shapes only) in that floating-point dtype; they are not part of the spec."""
+    spec = ModelSpec.of(model, **overrides)
+    return build_placed(spec.build, device, dtype)
 
 
 def build_model(cfg: ModelConfig) -> VitlabModel:
