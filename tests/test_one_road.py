@@ -80,6 +80,13 @@ def test_a_run_resolves_its_model_once_and_builds_it_once_resume_included(tmp_pa
     assert spec_of(load_model(out)).config.depth == 2
 
 
+def test_a_depth_study_resolves_each_planned_model_once(resolutions):
+    from vitlab.experiments.depth_study import depth_specs
+
+    specs = depth_specs("vit_mnist", [2, 4], ["vit", "layerscale"], [0, 1], RunConfig())
+    assert len(specs) == 8 and resolutions == ["vit_mnist"] * 4  # one per variant and depth, validated before any run
+
+
 def test_a_resume_of_another_architecture_is_still_refused(tmp_path: Path, builds):
     out = tmp_path / "run"
     assert train(RunConfig(epochs=1, **TINY_RUN, output=str(out))).exit_code == 0
