@@ -382,3 +382,4 @@ def test_readme_timm_api_snippet_runs() -> None:
     assert [tuple(t.shape) for t in scope["inter"]] == [(2, 64, 8, 8), (2, 64, 8, 8)]
     assert scope["cfg"]["input_size"] == (1, 28, 28)
     assert len({g["lr_scale"] for g in scope["opt"].param_groups}) > 2  # per-block learning rates
+    assert scope["backbone"].feature_info.channels() == [64, 64] and len(scope["backbone"].model.blocks) == 8
