@@ -68,7 +68,7 @@ def test_optuna_search_prunes_and_resumes(tmp_path: Path, monkeypatch, capsys):
         rows = [json.loads(line) for line in (out / t.user_attrs["run"] / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == max(t.intermediate_values) < 3
         assert json.loads((out / t.user_attrs["run"] / "summary.json").read_text())["stopped_early"] is True
-        assert t.value == rows[-1]["test_acc"]
+        assert t.value == rows[-1]["val_acc"]  # trials are compared on their validation split
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert all(len(t.intermediate_values) == 3 for t in complete)
     assert all(1e-5 <= t.params["lr"] <= 3e-2 for t in trials)

@@ -45,15 +45,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trials", type=int, default=None,
                    help="--search optuna: finished trials in total, counting earlier invocations (default 20)")
     p.add_argument("--pruner", choices=("median", "hyperband", "none"), default=None,
-                   help="--search optuna: stop a trial whose per-epoch test metric is below the median of earlier "
-                        "trials at that epoch (median, default), by successive halving (hyperband), or never")
+                   help="--search optuna: stop a trial whose per-epoch validation metric is below the median of "
+                        "earlier trials at that epoch (median, default), by successive halving (hyperband), or never")
     p.add_argument("--prune-startup", type=int, default=None, metavar="N",
                    help="--pruner median: finished trials before any is pruned (default 5)")
     p.add_argument("--prune-warmup", type=int, default=None, metavar="E",
                    help="--search optuna: the first E epochs of a trial are never pruned (default 0)")
-    p.add_argument("--objective", choices=("test_acc", "test_loss"), default=None,
-                   help="--search optuna: maximise the final test accuracy (test_acc, default) or minimise "
-                        "the test loss; pruning reads the same metric each epoch")
+    p.add_argument("--objective", choices=("val_acc", "val_loss", "test_acc", "test_loss"), default=None,
+                   help="--search optuna: maximise the final validation accuracy (val_acc, default) or minimise the "
+                        "validation loss (val_loss), on the --val-split each trial holds out (default 0.1); pruning "
+                        "reads the same metric each epoch. The test set is never compared (test_* are refused)")
     p.add_argument("--seed", type=int, default=None,
                    help="--search optuna: the sampler's seed and every trial's training seed (default 0)")
     add_run_options(p)
@@ -118,7 +119,7 @@ def run_search_command(args: argparse.Namespace) -> int:
     params = parse_search_params(args.model, [(n, how, t) for n, how, t in pairs])
     fixed = parse_set(args.set)
     extra = {"trials": 20 if args.trials is None else args.trials, "pruner": args.pruner or "median",
-             "objective": args.objective or "test_acc", "seed": 0 if args.seed is None else args.seed,
+             "objective": args.objective or "val_acc", "seed": 0 if args.seed is None else args.seed,
              "prune_startup": 5 if args.prune_startup is None else args.prune_startup,
              "prune_warmup": args.prune_warmup or 0}
     shown = argparse.Namespace(**{**vars(args), "param": None, "values": None, "range": None})

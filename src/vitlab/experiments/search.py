@@ -1,6 +1,11 @@
 """Hyper-parameter search with Optuna (Akiba et al. 2019): a TPE sampler picks each trial's values from
 ranges (``--range LOW:HIGH[:log][:int]``) or lists (``--values``), each trial trains one run, and a pruner
-(median or Hyperband) stops unpromising runs from their per-epoch test metric.
+(median or Hyperband) stops unpromising runs from their per-epoch validation metric.
+
+Trials are compared on a validation split, never on the test set: every trial holds out ``val_split`` of its
+training images (10 % unless the run config sets ``val_split`` or ``val_size``, as ``vitlab train --val-split``),
+the pruner and the best trial read its accuracy or loss, and each trial's test accuracy is measured once at the
+end and reported beside it.
 
 The study lives in ``<output>/optuna.db`` (SQLite), so invoking the same search again continues it up to
 ``trials`` finished trials: finished trials (complete, pruned, invalid or diverged) are never re-run, and a
@@ -28,6 +33,7 @@ DB = "optuna.db"
 STUDY = "vitlab-search"
 PRUNERS = ("median", "hyperband", "none")
 INSTALL = "--search optuna needs Optuna, which is not installed; run pip install 'vitlab[optuna]'"
+VAL_SPLIT = 0.1  # the validation share of every trial's training images when the run config holds none out
 
 
 @dataclass
@@ -127,13 +133,20 @@ class SearchConfig:
     trials: int
     fixed: dict[str, Any] = field(default_factory=dict)
     pruner: str = "median"
-    objective: str = "test_acc"
+    objective: str = "val_acc"
     seed: int = 0
     prune_startup: int = 5  # finished trials before the median pruner prunes any
     prune_warmup: int = 0  # epochs of every trial that are never pruned
     command: str = "vitlab sweep --search optuna"
 
     def validate(self) -> None:
+        """Refuse impossible settings; a run config without a validation split gets :data:`VAL_SPLIT`."""
+        if self.objective.startswith("test_"):
+            fix = self.objective.replace("test", "val")
+            raise ConfigError(f"--objective {self.objective} would choose trials on the test set; the search "
+                              f"chooses on its validation split: pass --objective {fix}")
+        if self.base.val_split is None and self.base.val_size is None:
+            self.base = self.base.replace(val_split=VAL_SPLIT)
         if self.trials < 1:
             raise ConfigError(f"--trials must be >= 1, got {self.trials}")
         if self.pruner not in PRUNERS:
@@ -291,11 +304,12 @@ def run_trial(study: Any, config: SearchConfig, log: Any) -> Any:
         raise KeyboardInterrupt
     if result is not None:
         trial.set_user_attr("train_time_s", result.summary.get("train_time_s"))
+        trial.set_user_attr("test_acc", result.summary.get("final_test_acc"))  # reported, never compared
     if result is None or result.summary.get("stopped_early"):
         frozen = study.tell(trial, state=TrialState.PRUNED)
         log(f"[trial {trial.number}] {where}: pruned at epoch {frozen.last_step} ({_metric(metric, frozen.value)})")
     else:
-        value = float(result.summary["final_test_acc" if metric == "test_acc" else "final_test_loss"])
+        value = float(result.summary[f"final_{metric}"])
         frozen = study.tell(trial, value)
         log(f"[trial {trial.number}] {where}: complete ({_metric(metric, value)})")
     return frozen
@@ -312,7 +326,7 @@ def _fail(study: Any, trial: Any, why: str, log: Any, where: str) -> Any:
 def _metric(metric: str, value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return f"{metric} n/a"
-    return f"test accuracy {100 * value:.2f}%" if metric == "test_acc" else f"test loss {value:.4f}"
+    return f"validation accuracy {100 * value:.2f}%" if metric == "val_acc" else f"validation loss {value:.4f}"
 
 
 def run_search(config: SearchConfig, log: Any = print) -> dict[str, Any]:

@@ -10,23 +10,27 @@ from typing import Any
 
 from vitlab.experiments.values import format_value
 
-OBJECTIVES = {"test_acc": "maximize", "test_loss": "minimize"}  # the per-epoch metric -> its direction
+# the per-epoch metric on the validation split -> its direction (the test set is read once per trial, never compared)
+OBJECTIVES = {"val_acc": "maximize", "val_loss": "minimize"}
 
-LABELS = {"test_acc": "test accuracy (%)", "test_loss": "test loss"}
+LABELS = {"val_acc": "validation accuracy (%)", "val_loss": "validation loss"}
 
 
 def _scale(metric: str, v: float) -> float:
-    return 100 * v if metric == "test_acc" else v
+    return 100 * v if metric == "val_acc" else v
 
 
 def trial_rows(study: Any, params: list[Any]) -> list[dict[str, Any]]:
-    """One row per trial: number, state, value, the searched values, epochs, duration and run folder."""
+    """One row per trial: number, state, value (the objective on the validation split), the searched values, the
+    test accuracy of a complete trial (measured once at its end), epochs, duration and run folder."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         row: dict[str, Any] = {"number": t.number, "state": t.state.name,
                                "value": t.value if t.value is not None else float("nan")}
         for p in params:
             row[p.name] = format_value(t.params[p.name]) if p.name in t.params else ""
+        test_acc = t.user_attrs.get("test_acc")
+        row["test_acc"] = test_acc if t.state.name == "COMPLETE" and test_acc is not None else float("nan")
         row["epochs"] = t.user_attrs.get("epochs", "")
         row["duration_s"] = round(t.duration.total_seconds(), 2) if t.duration is not None else float("nan")
         row["run"] = t.user_attrs.get("run", "")
@@ -146,13 +150,16 @@ def write_search(study: Any, config: Any, *, storage: str) -> dict[str, Any]:
     best = None
     if complete:
         b = study.best_trial
-        best = {"number": b.number, "value": b.value, "params": b.params, "run": b.user_attrs.get("run")}
+        best = {"number": b.number, "value": b.value, "params": b.params, "run": b.user_attrs.get("run"),
+                "test_acc": b.user_attrs.get("test_acc")}
     text = (f"{len(rows)} trials: {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed "
             f"({config.pruner} pruner on the per-epoch {metric}).")
     if best is not None:
         shown = _shown(metric, best["value"])
         where = ", ".join(f"{k}={format_value(v)}" for k, v in best["params"].items())
-        text += f" Best {metric} {shown} in trial {best['number']} at {where}."
+        test = best["test_acc"]
+        tested = f"; its test accuracy {100 * test:.2f}%" if isinstance(test, float) and math.isfinite(test) else ""
+        text += f" Best {metric} {shown} in trial {best['number']} at {where}{tested}."
     meta = {"model": config.model, "dataset": config.dataset, "space": [p.describe() for p in config.params],
             "fixed_overrides": config.fixed, "objective": metric, "direction": OBJECTIVES[metric],
             "pruner": config.pruner, "prune_startup": config.prune_startup, "prune_warmup": config.prune_warmup,
@@ -163,7 +170,8 @@ def write_search(study: Any, config: Any, *, storage: str) -> dict[str, Any]:
                 "of the objective's variance each parameter explains (rough with few trials)." if imp is not None
                 else f"No importance figure: {why}")
     sections = [
-        Section("Search", f"{text} Values are each trial's final {metric}; a pruned trial shows the last epoch "
+        Section("Search", f"{text} Values are each trial's final {metric}, on the validation images it held out "
+                "(the test set is read once per trial and never compared); a pruned trial shows the last epoch "
                 "it reported. The study is stored in optuna.db: running the same command with a larger --trials "
                 "continues it.", figures[:2], []),
         Section("Parameter importances", imp_text, figures[2:],
@@ -181,4 +189,4 @@ def write_search(study: Any, config: Any, *, storage: str) -> dict[str, Any]:
 def _shown(metric: str, v: float) -> str:
     if not math.isfinite(v):
         return "n/a"
-    return f"{100 * v:.2f}%" if metric == "test_acc" else f"{v:.4f}"
+    return f"{100 * v:.2f}%" if metric == "val_acc" else f"{v:.4f}"
