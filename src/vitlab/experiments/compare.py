@@ -200,46 +200,13 @@ def aggregate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return aggregate_runs(rows, ("label", "start"), values, carry=("model", "params", "macs", "matmul_macs"))
 
 
-def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Path:
-    """Horizontal bars per row: test accuracy (mean +- std), training time, parameters."""
-    from vitlab.analysis.plots import new_figure, save
-
-    fig = new_figure(13.0, 0.6 * len(agg) + 1.8)
-    axes = fig.subplots(1, 3, sharey=True)
-    y = list(range(len(agg)))[::-1]
-    labels = [a["label"] for a in agg]
-    panels = ((axes[0], "test_acc", 100.0, "test accuracy (%)", "{:.2f}"),
-              (axes[1], "train_time_s", 1.0, "training time (s)", "{:.0f}"))
-    for ax, key, scale, xlabel, fmt in panels:
-        means = [scale * a[f"{key}_mean"] for a in agg]
-        ax.barh(y, means, xerr=[scale * a[f"{key}_std"] for a in agg], color="#1f77b4", alpha=0.8, capsize=3)
-        for yi, m in zip(y, means):
-            ax.text(m, yi, " " + fmt.format(m), va="center", fontsize=8)
-        ax.set_xlabel(xlabel)
-        ax.grid(True, axis="x", alpha=0.3)
-    params = [a["params"] / 1e6 for a in agg]
-    axes[2].barh(y, params, color="#2ca02c", alpha=0.8)
-    for yi, a, p in zip(y, agg, params):
-        macs = a["matmul_macs"] if a["matmul_macs"] is not None else a["macs"]
-        note = f" {p:.2f}M, {macs / 1e6:.0f} MMACs" if macs is not None else f" {p:.2f}M"
-        axes[2].text(p, yi, note, va="center", fontsize=8)
-    axes[2].set_xlabel("parameters (M)")
-    axes[2].grid(True, axis="x", alpha=0.3)
-    axes[0].set_yticks(y, labels)
-    lo = min(100 * a["test_acc_mean"] for a in agg)
-    axes[0].set_xlim(0.0 if lo < 60 else lo - 10, 101)
-    for ax in axes[1:]:
-        ax.set_xlim(0, ax.get_xlim()[1] * 1.35)
-    fig.suptitle(title)
-    return save(fig, path)
-
-
 def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, command: str,
                   meta: dict[str, Any]) -> dict[str, Any]:
     """results.csv (one row per run), summary.csv (mean and std over seeds), compare.png, index.html."""
     import json
 
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
+    from vitlab.analysis.study_plots import plot_compare
 
     rows = result_rows(pairs, out)
     agg = aggregate_rows(rows)

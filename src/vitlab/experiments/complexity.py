@@ -219,48 +219,6 @@ def measure_complexity(model_name: str, img_sizes: list[int], *, overrides: dict
     return ComplexityResult(points, fit_rows(points))
 
 
-def plot_complexity(result: ComplexityResult, path: str | Path, title: str) -> Path:
-    """Three log-log panels against tokens: measured times with their fits, memory, analytic MACs by part."""
-    import numpy as np
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    from vitlab.analysis.plots import new_figure, save
-
-    pts = result.points
-    t = np.array([p.tokens for p in pts], dtype=float)
-    fits = {r["quantity"]: r for r in result.fits}
-    fig = new_figure(14.0, 4.2)
-    axes = fig.subplots(1, 3)
-    panels = ((axes[0], (("forward_s", "forward", "#1f77b4"), ("forward_backward_s", "forward+backward", "#d62728")),
-               "seconds per batch", 1.0),
-              (axes[1], (("memory_bytes", pts[0].memory_kind.replace("_", " "), "#2ca02c"),), "MiB", 2.0 ** -20),
-              (axes[2], (("macs", "total", "#222222"), ("linear_macs", "token-linear", "#1f77b4"),
-                         ("attention_macs", "attention (T^2)", "#d62728")), "MACs per image", 1.0))
-    for ax, series, ylabel, scale in panels:
-        for key, label, color in series:
-            y = np.array([getattr(p, key) for p in pts], dtype=float) * scale
-            fit = fits.get(key)
-            text = f"{label}, b = {fit['exponent']:.2f}" if fit else label
-            ax.plot(t, y, "o-", color=color, label=text)
-            if fit:
-                ax.plot(t, np.exp(fit["intercept"]) * t ** fit["exponent"] * scale, ":", color=color, alpha=0.7)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xticks(t, [str(int(v)) for v in t])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("tokens per image")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_title("measured time (median)")
-    axes[1].set_title("memory")
-    axes[2].set_title("analytic MACs")
-    fig.suptitle(title)
-    return save(fig, path)
-
-
 @dataclass
 class ComplexityConfig:
     """A whole complexity study: ``model`` measured at every image size."""
@@ -282,6 +240,7 @@ def run_complexity(config: ComplexityConfig, log: Any = None) -> dict[str, Any]:
     ``config.output``; returns the result, its fits by quantity, the report's text, the study folder (``out``) and
     the thread count. ``log(line)`` hears one line per size."""
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
+    from vitlab.analysis.study_plots import plot_complexity
     from vitlab.experiments.runs import check_output
     from vitlab.models import get_config
 

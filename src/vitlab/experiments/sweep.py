@@ -202,40 +202,6 @@ def figure_series(agg: list[dict[str, Any]], param: SweepParam, params: list[Swe
     return out
 
 
-def plot_param(series: list[Series], param: SweepParam, path: str | Path, title: str) -> Path:
-    """Test accuracy (mean +- std over seeds, %) and training time (s) against ``param``'s values."""
-    from vitlab.analysis.plots import new_figure, save
-
-    fig = new_figure(10.0, 3.8)
-    ax_acc, ax_time = fig.subplots(1, 2)
-    numeric = param.numeric
-    positions = {format_value(v): i for i, v in enumerate(param.values)}
-    for s in series:
-        x = [float(v) for v in s.x] if numeric else [positions[format_value(v)] for v in s.x]
-        label = s.label or None
-        ax_acc.errorbar(x, [100 * m for m in s.acc_mean], yerr=[100 * d for d in s.acc_std], marker="o",
-                        capsize=4, label=label)
-        ax_time.errorbar(x, s.time_mean, yerr=s.time_std, marker="o", capsize=4, label=label)
-    for ax, ylabel in ((ax_acc, "test accuracy (%)"), (ax_time, "training time (s)")):
-        if numeric:
-            vals = [float(v) for v in param.values]
-            if min(vals) > 0 and max(vals) / min(vals) >= 8:
-                ax.set_xscale("log", base=2)
-            ax.set_xticks(vals, [format_value(v) for v in param.values])
-            ax.minorticks_off()
-        else:
-            ax.set_xticks(list(positions.values()), list(positions))
-        ax.set_xlabel(param.name)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        if any(s.label for s in series):
-            ax.legend(fontsize=8)
-    ax_acc.set_title("test accuracy, mean +- std over seeds")
-    ax_time.set_title("training time, mean +- std over seeds")
-    fig.suptitle(title)
-    return save(fig, path)
-
-
 def summary_text(agg: list[dict[str, Any]], params: list[SweepParam]) -> str:
     """The sweep in one sentence: the best combination, chosen on the validation split when the runs held one
     out (its test accuracy beside it), else the highest final test accuracy, said to be read on the test set."""
@@ -255,6 +221,7 @@ def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[Sweep
                 command: str, meta: dict[str, Any]) -> dict[str, Any]:
     """results.csv, summary.csv, one ``sweep_<param>.png`` per parameter, summary.json and index.html."""
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
+    from vitlab.analysis.study_plots import plot_param
 
     rows = result_rows(pairs, params)
     agg = aggregate_rows(rows, params)

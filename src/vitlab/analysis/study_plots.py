@@ -1,0 +1,119 @@
+"""The figures of the sweep, comparison and complexity studies (the depth study's are
+:mod:`vitlab.analysis.depth_plots`): each takes the numbers its study computed and draws them with
+:func:`vitlab.analysis.plots.new_figure` / :func:`~vitlab.analysis.plots.save`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitlab.analysis.plots import new_figure, save
+
+
+def plot_param(series: list[Any], param: Any, path: str | Path, title: str) -> Path:
+    """A sweep's figure: test accuracy (mean +- std over seeds, %) and training time (s) against ``param``'s values
+    (a :class:`~vitlab.experiments.sweep.SweepParam`), one line per :class:`~vitlab.experiments.sweep.Series`."""
+    from vitlab.experiments.values import format_value
+
+    fig = new_figure(10.0, 3.8)
+    ax_acc, ax_time = fig.subplots(1, 2)
+    numeric = param.numeric
+    positions = {format_value(v): i for i, v in enumerate(param.values)}
+    for s in series:
+        x = [float(v) for v in s.x] if numeric else [positions[format_value(v)] for v in s.x]
+        label = s.label or None
+        ax_acc.errorbar(x, [100 * m for m in s.acc_mean], yerr=[100 * d for d in s.acc_std], marker="o",
+                        capsize=4, label=label)
+        ax_time.errorbar(x, s.time_mean, yerr=s.time_std, marker="o", capsize=4, label=label)
+    for ax, ylabel in ((ax_acc, "test accuracy (%)"), (ax_time, "training time (s)")):
+        if numeric:
+            vals = [float(v) for v in param.values]
+            if min(vals) > 0 and max(vals) / min(vals) >= 8:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(vals, [format_value(v) for v in param.values])
+            ax.minorticks_off()
+        else:
+            ax.set_xticks(list(positions.values()), list(positions))
+        ax.set_xlabel(param.name)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if any(s.label for s in series):
+            ax.legend(fontsize=8)
+    ax_acc.set_title("test accuracy, mean +- std over seeds")
+    ax_time.set_title("training time, mean +- std over seeds")
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Path:
+    """Horizontal bars per row: test accuracy (mean +- std), training time, parameters."""
+    fig = new_figure(13.0, 0.6 * len(agg) + 1.8)
+    axes = fig.subplots(1, 3, sharey=True)
+    y = list(range(len(agg)))[::-1]
+    labels = [a["label"] for a in agg]
+    panels = ((axes[0], "test_acc", 100.0, "test accuracy (%)", "{:.2f}"),
+              (axes[1], "train_time_s", 1.0, "training time (s)", "{:.0f}"))
+    for ax, key, scale, xlabel, fmt in panels:
+        means = [scale * a[f"{key}_mean"] for a in agg]
+        ax.barh(y, means, xerr=[scale * a[f"{key}_std"] for a in agg], color="#1f77b4", alpha=0.8, capsize=3)
+        for yi, m in zip(y, means):
+            ax.text(m, yi, " " + fmt.format(m), va="center", fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, axis="x", alpha=0.3)
+    params = [a["params"] / 1e6 for a in agg]
+    axes[2].barh(y, params, color="#2ca02c", alpha=0.8)
+    for yi, a, p in zip(y, agg, params):
+        macs = a["matmul_macs"] if a["matmul_macs"] is not None else a["macs"]
+        note = f" {p:.2f}M, {macs / 1e6:.0f} MMACs" if macs is not None else f" {p:.2f}M"
+        axes[2].text(p, yi, note, va="center", fontsize=8)
+    axes[2].set_xlabel("parameters (M)")
+    axes[2].grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks(y, labels)
+    lo = min(100 * a["test_acc_mean"] for a in agg)
+    axes[0].set_xlim(0.0 if lo < 60 else lo - 10, 101)
+    for ax in axes[1:]:
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.35)
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+def plot_complexity(result: Any, path: str | Path, title: str) -> Path:
+    """Three log-log panels against tokens of a :class:`~vitlab.experiments.complexity.ComplexityResult`: measured
+    times with their fits, memory, analytic MACs by part."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+
+    pts = result.points
+    t = np.array([p.tokens for p in pts], dtype=float)
+    fits = {r["quantity"]: r for r in result.fits}
+    fig = new_figure(14.0, 4.2)
+    axes = fig.subplots(1, 3)
+    panels = ((axes[0], (("forward_s", "forward", "#1f77b4"), ("forward_backward_s", "forward+backward", "#d62728")),
+               "seconds per batch", 1.0),
+              (axes[1], (("memory_bytes", pts[0].memory_kind.replace("_", " "), "#2ca02c"),), "MiB", 2.0 ** -20),
+              (axes[2], (("macs", "total", "#222222"), ("linear_macs", "token-linear", "#1f77b4"),
+                         ("attention_macs", "attention (T^2)", "#d62728")), "MACs per image", 1.0))
+    for ax, series, ylabel, scale in panels:
+        for key, label, color in series:
+            y = np.array([getattr(p, key) for p in pts], dtype=float) * scale
+            fit = fits.get(key)
+            text = f"{label}, b = {fit['exponent']:.2f}" if fit else label
+            ax.plot(t, y, "o-", color=color, label=text)
+            if fit:
+                ax.plot(t, np.exp(fit["intercept"]) * t ** fit["exponent"] * scale, ":", color=color, alpha=0.7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(t, [str(int(v)) for v in t])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("tokens per image")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("measured time (median)")
+    axes[1].set_title("memory")
+    axes[2].set_title("analytic MACs")
+    fig.suptitle(title)
+    return save(fig, path)
