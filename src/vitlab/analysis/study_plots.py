@@ -10,17 +10,15 @@ from typing import Any
 from vitlab.analysis.plots import new_figure, save
 
 
-def plot_param(series: list[Any], param: Any, path: str | Path, title: str) -> Path:
+def plot_param(series: list[Any], param: Any, labels: list[str], path: str | Path, title: str) -> Path:
     """A sweep's figure: test accuracy (mean +- std over seeds, %) and training time (s) against ``param``'s values
-    (a :class:`~vitlab.experiments.sweep.SweepParam`), one line per :class:`~vitlab.experiments.sweep.Series`."""
-    from vitlab.experiments.values import format_value
-
+    (a :class:`~vitlab.experiments.sweep.SweepParam`; ``labels``: each value as the tables write it), one line per
+    :class:`~vitlab.experiments.sweep.Series`."""
     fig = new_figure(10.0, 3.8)
     ax_acc, ax_time = fig.subplots(1, 2)
     numeric = param.numeric
-    positions = {format_value(v): i for i, v in enumerate(param.values)}
     for s in series:
-        x = [float(v) for v in s.x] if numeric else [positions[format_value(v)] for v in s.x]
+        x = [float(v) for v in s.x] if numeric else [param.values.index(v) for v in s.x]
         label = s.label or None
         ax_acc.errorbar(x, [100 * m for m in s.acc_mean], yerr=[100 * d for d in s.acc_std], marker="o",
                         capsize=4, label=label)
@@ -30,10 +28,10 @@ def plot_param(series: list[Any], param: Any, path: str | Path, title: str) -> P
             vals = [float(v) for v in param.values]
             if min(vals) > 0 and max(vals) / min(vals) >= 8:
                 ax.set_xscale("log", base=2)
-            ax.set_xticks(vals, [format_value(v) for v in param.values])
+            ax.set_xticks(vals, labels)
             ax.minorticks_off()
         else:
-            ax.set_xticks(list(positions.values()), list(positions))
+            ax.set_xticks(list(range(len(labels))), labels)
         ax.set_xlabel(param.name)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)

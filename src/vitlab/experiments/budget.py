@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.experiments.table import summary_value
+from vitlab.experiments.table import diverged, summary_value
 from vitlab.experiments.values import unknown_option
 
 BUDGETS = {"quick": 0.2, "default": 1.0, "long": 2.0}  # fraction of the data set's recipe epochs
@@ -37,6 +37,11 @@ def undertrained(summary: dict, cfg: Any) -> bool:
     from vitlab.data.reference import is_undertrained
 
     return is_undertrained(summary_value(summary, "test_acc"), cfg.dataset, cfg.limit_train)
+
+
+def run_marks(summary: dict, cfg: Any) -> dict[str, bool]:
+    """The ``undertrained`` and ``diverged`` columns of one run of a study (its summary and run config)."""
+    return {"undertrained": undertrained(summary, cfg), "diverged": diverged(summary)}
 
 
 def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | None = None) -> str | None:

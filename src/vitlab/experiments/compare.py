@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.experiments.budget import undertrained_warning, warning_section
+from vitlab.experiments.budget import run_marks, undertrained_warning, warning_section
 from vitlab.experiments.runs import RunSpec
 from vitlab.experiments.table import (
     VALIDATION,
     aggregate_runs,
     has_validation,
-    run_marks,
     summary_value,
     summary_values,
     value_columns,

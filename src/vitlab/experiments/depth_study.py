@@ -19,9 +19,9 @@ from typing import Any
 
 from vitlab.analysis.depth_diagnostics import DIAG_VALUES, diagnose, diagnostic_columns
 from vitlab.errors import ConfigError
-from vitlab.experiments.budget import undertrained_warning, warning_section
+from vitlab.experiments.budget import run_marks, undertrained_warning, warning_section
 from vitlab.experiments.runs import RunSpec
-from vitlab.experiments.table import aggregate_runs, has_validation, run_marks, summary_values, value_columns
+from vitlab.experiments.table import aggregate_runs, has_validation, summary_values, value_columns
 from vitlab.experiments.values import split_list, unknown_option
 
 SHARED = ("img_size", "patch_size", "in_chans", "embed_dim", "num_heads", "mlp_ratio", "pos_embed")

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.experiments.budget import undertrained_warning, warning_section
+from vitlab.experiments.budget import run_marks, undertrained_warning, warning_section
 from vitlab.experiments.runs import RunSpec
 from vitlab.experiments.table import (
     aggregate_runs,
     has_validation,
-    run_marks,
     summary_value,
     summary_values,
     value_columns,
@@ -230,7 +229,8 @@ def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[Sweep
     figures = []
     for p in params:
         name = f"sweep_{safe_name(p.name)}.png"
-        plot_param(figure_series(agg, p, params), p, out / name, f"{title}: {p.name}")
+        plot_param(figure_series(agg, p, params), p, [format_value(v) for v in p.values], out / name,
+                   f"{title}: {p.name}")
         figures.append(name)
     text = summary_text(agg, params)
     first = pairs[0][0].config

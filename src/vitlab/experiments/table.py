@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 SUMMARY_KEYS = {  # the column a study writes -> the keys of the trainer's summary.json, first found wins
     "test_acc": ("final_test_acc", "test_acc"),
@@ -62,13 +61,6 @@ def value_columns(base: Sequence[str], validation: bool) -> tuple[str, ...]:
 def summary_values(summary: dict, columns: Sequence[str]) -> dict[str, float]:
     """``{column: number}`` of one run's summary for each of ``columns`` (NaN when absent)."""
     return {c: summary_value(summary, c) for c in columns}
-
-
-def run_marks(summary: dict, cfg: Any) -> dict[str, bool]:
-    """The ``undertrained`` and ``diverged`` columns of one run (its summary and run config)."""
-    from vitlab.experiments.budget import undertrained
-
-    return {"undertrained": undertrained(summary, cfg), "diverged": diverged(summary)}
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
