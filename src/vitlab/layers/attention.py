@@ -18,6 +18,9 @@ from vitlab.errors import ConfigError
 from vitlab.layers.norm import LayerNorm
 from vitlab.layers.rope import apply_rope
 
+# a leaf of torch.fx graphs: the traced model picks its rotation's autograd-free path per call, as the eager one
+torch.fx.wrap("apply_rope")
+
 
 def check_heads(dim: int, num_heads: int) -> int:
     """Return the head dim, or raise when ``num_heads`` does not divide ``dim``."""
@@ -142,9 +145,12 @@ class Attention(AttentionBase):
 
     def _explicit_is_faster(self, x: Tensor, num_tokens: int) -> bool:
         """``fused`` None picks per call: on CPU with autograd, few tokens and no attention dropout, the
-        explicit batched matmuls beat the fused kernel (whose backward is slow on tiny heads)."""
+        explicit batched matmuls beat the fused kernel (whose backward is slow on tiny heads). A torch.fx graph
+        has no per-call choice: traced, ``fused`` None takes the fused kernel (timm's ``Attention`` default)."""
         if self.fused is not None:
             return not self.fused
+        if isinstance(x, torch.fx.Proxy):
+            return False
         return (x.device.type == "cpu" and torch.is_grad_enabled() and num_tokens <= self.explicit_max_tokens
                 and not (self.training and self.attn_drop.p > 0))
 

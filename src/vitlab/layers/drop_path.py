@@ -7,6 +7,7 @@ torch.fx, which costs seconds on every ``vitlab`` command; the behaviour is the 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
@@ -28,13 +29,18 @@ class DropPath(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.drop_prob == 0.0:
             return x
-        keep = 1.0 - self.drop_prob
-        # inside a sliced step each slice draws from its own generator (None: the global one)
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep, generator=slice_generator())
-        return x * mask.div_(keep)
+        return x * _keep_mask(x, 1.0 - self.drop_prob)
 
     def extra_repr(self) -> str:
         return f"drop_prob={self.drop_prob:.3f}"
+
+
+@torch.fx.wrap  # a leaf of torch.fx graphs, so a traced model draws from the slice generator of each call too
+def _keep_mask(x: Tensor, keep: float) -> Tensor:
+    """``(B, 1, ..., 1)``: 0 with probability ``1 - keep``, else ``1 / keep``."""
+    # inside a sliced step each slice draws from its own generator (None: the global one)
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep, generator=slice_generator())
+    return mask.div_(keep)
 
 
 def drop_path_rates(rate: float, depth: int, rule: str = "linear") -> list[float]:

@@ -30,11 +30,7 @@ class LayerScale(nn.Module):
         nn.init.constant_(self.gamma, self.init_value)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-1] != self.dim:
-            raise ConfigError(
-                f"LayerScale expects a channels-last input whose last dim is {self.dim}, got shape "
-                f"{tuple(x.shape)}; move the channel axis last (e.g. x.permute(0, 2, 3, 1) for (B, C, H, W))"
-            )
+        x = _check_channels_last(x, self.dim)
         return x * self.gamma.to(x.dtype)  # the output keeps x's dtype (bf16/fp16 stay so)
 
     def flop_count(self, num_tokens: int, *, matmul_only: bool = False) -> int:
@@ -43,6 +39,17 @@ class LayerScale(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, init_value={self.init_value}"
+
+
+@torch.fx.wrap  # a leaf of torch.fx graphs: the traced model checks the shape at run time, as the eager one
+def _check_channels_last(x: Tensor, dim: int) -> Tensor:
+    """``x`` itself, or a :class:`ConfigError` when its last dim is not ``dim``."""
+    if x.shape[-1] != dim:
+        raise ConfigError(
+            f"LayerScale expects a channels-last input whose last dim is {dim}, got shape "
+            f"{tuple(x.shape)}; move the channel axis last (e.g. x.permute(0, 2, 3, 1) for (B, C, H, W))"
+        )
+    return x
 
 
 class ScalarGate(nn.Module):

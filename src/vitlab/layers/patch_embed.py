@@ -55,14 +55,16 @@ class _Resizable:
 
     def feat_size(self, x: Tensor) -> tuple[int, int]:
         """``(grid_h, grid_w)`` of the patch grid for images ``x`` (checked, as ``forward`` checks them)."""
-        _check_input(x, self.in_chans, self.img_size, self.patch_size, self.dynamic_img_size, self.dynamic_img_pad)
+        x = _check_input(x, self.in_chans, self.img_size, self.patch_size, self.dynamic_img_size,
+                         self.dynamic_img_pad)
         if not self.dynamic_img_size:
             return self.grid_size, self.grid_size
         p = self.patch_size
         return -(-x.shape[-2] // p), -(-x.shape[-1] // p)
 
     def _pad(self, x: Tensor) -> Tensor:
-        _check_input(x, self.in_chans, self.img_size, self.patch_size, self.dynamic_img_size, self.dynamic_img_pad)
+        x = _check_input(x, self.in_chans, self.img_size, self.patch_size, self.dynamic_img_size,
+                         self.dynamic_img_pad)
         if self.dynamic_img_pad:
             p = self.patch_size
             x = F.pad(x, (0, (p - x.shape[-1] % p) % p, 0, (p - x.shape[-2] % p) % p))  # right and bottom
@@ -163,7 +165,9 @@ def _check_even(patch_size: int) -> None:
                           f"got {patch_size}; use an even patch_size or stem='patch'")
 
 
-def _check_input(x: Tensor, in_chans: int, img_size: int, patch_size: int, dynamic: bool, pad: bool) -> None:
+@torch.fx.wrap  # a leaf of torch.fx graphs: the traced model checks its input at run time, as the eager one
+def _check_input(x: Tensor, in_chans: int, img_size: int, patch_size: int, dynamic: bool, pad: bool) -> Tensor:
+    """``x`` itself, or a :class:`ConfigError` naming the fix when its shape does not fit the stem."""
     if not dynamic:
         if x.ndim != 4 or x.shape[1] != in_chans or x.shape[2] != img_size or x.shape[3] != img_size:
             raise ConfigError(
@@ -176,3 +180,4 @@ def _check_input(x: Tensor, in_chans: int, img_size: int, patch_size: int, dynam
     elif not pad and (x.shape[2] % patch_size or x.shape[3] % patch_size):
         raise ConfigError(f"image sides {x.shape[2]}x{x.shape[3]} are not multiples of patch_size {patch_size}; "
                           f"crop or resize them, or build the model with dynamic_img_pad=True")
+    return x

@@ -7,12 +7,21 @@ for the new grid; a new patch size resamples the patch kernel (FlexiViT).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
 from vitlab.layers.pos_embed import pos_embed_at_grid
 from vitlab.models.config import ModelConfig
 from vitlab.models.pretrained_cfg import set_pretrained_cfg
+
+# a leaf of torch.fx graphs: traced with dynamic_img_size, the table is moved to each input's grid at run time
+torch.fx.wrap("pos_embed_at_grid")
+
+
+def is_grid(grid: tuple, side: int) -> bool:
+    """Whether ``grid`` is the ``side x side`` grid; False for a torch.fx traced grid (decided in the graph)."""
+    return not any(isinstance(g, torch.fx.Proxy) for g in grid) and tuple(grid) == (side, side)
 
 
 def square_side(value: int | tuple[int, int] | list[int], what: str) -> int:
@@ -45,7 +54,7 @@ class ResizableInput:
         """The position table ``(1, slots + h * w, D)`` for a ``(h, w)`` patch grid: the stored one at the
         configured grid; otherwise the stored table moved to that grid, each patch keeping its 2-D place
         (:func:`vitlab.layers.pos_embed.pos_embed_at_grid`)."""
-        if self.pos_embed is None or tuple(grid) == (self.grid_size, self.grid_size):
+        if self.pos_embed is None or is_grid(grid, self.grid_size):
             return self.pos_embed
         return pos_embed_at_grid(self.cfg.pos_embed, self.pos_embed, tuple(grid), self.grid_size,
                                  num_prefix=self._pos_slots())

@@ -26,8 +26,11 @@ from vitlab.layers import (
 from vitlab.layers.fixup import init_fixup, init_tfixup
 from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weights
 from vitlab.models.config import ModelConfig
-from vitlab.models.input_size import ResizableInput
+from vitlab.models.input_size import ResizableInput, is_grid
 from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
+
+# a leaf of torch.fx graphs: traced with dynamic_img_size, RoPE is built for each input's grid at run time
+torch.fx.wrap("layout_rope")
 
 PRESETS: dict[str, dict] = {
     # a from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
@@ -122,7 +125,7 @@ class VisionTransformer(ResizableInput, VitlabModel):
 
     def rope_for(self, grid: tuple[int, int]) -> Tensor | None:
         """The RoPE table ``(2, T, head_dim)`` for a ``(h, w)`` patch grid (the stored one at the configured grid)."""
-        if self.rope is None or tuple(grid) == (self.grid_size, self.grid_size):
+        if self.rope is None or is_grid(grid, self.grid_size):
             return self.rope
         return self._rope_table(tuple(grid)).to(self.rope.device)
 
