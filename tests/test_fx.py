@@ -242,3 +242,26 @@ def test_gradient_checkpointing_model_traces(built: dict) -> None:
     model = make(built, "vit5_small").train()
     model.set_grad_checkpointing(True)
     assert_same_backward(model, torch.fx.symbolic_trace(model), images(model))
+
+
+@pytest.mark.parametrize("preset", ["vit5_small", "cait_xxs24", "deepvit_s"])
+def test_features_only_fx_builds_timms_feature_graph_net(preset: str) -> None:
+    """``timm.create_model(..., features_only=True, feature_cls='fx')`` traces the model: a ``FeatureGraphNet`` whose
+    features are the eager model's block outputs (the same weights: the same seed)."""
+    kwargs = small_kwargs(preset)
+    torch.manual_seed(0)
+    net = timm.create_model(PREFIX + preset, features_only=True, feature_cls="fx", out_indices=(0, 1), **kwargs)
+    torch.manual_seed(0)
+    model = timm.create_model(PREFIX + preset, **kwargs).eval()
+    assert isinstance(net, FeatureGraphNet)
+    assert net.feature_info.module_name() == ["blocks.0", "blocks.1"]
+    captured = []
+    for blk in model.blocks:
+        blk.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    x = images(model)
+    with torch.no_grad():
+        feats = net.eval()(x)
+        model(x)
+    assert len(feats) == 2
+    for f, ref in zip(feats, captured, strict=True):
+        assert_close(f, ref)
