@@ -152,16 +152,16 @@ def test_signal_saves_a_resumable_checkpoint(tmp_path, capsys, signum, code):
 
 
 def test_signal_during_evaluation_stops_after_the_epoch_checkpoint(tmp_path, monkeypatch):
-    import vitlab.train.engine as engine
+    import vitlab.train.loop as loop  # the loop evaluates each epoch
 
     trainers = []
-    real_evaluate = engine.evaluate
+    real_evaluate = loop.evaluate
 
     def evaluate_then_signal(*args, **kwargs):
         trainers[0].stop.request(signal.SIGTERM)
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "evaluate", evaluate_then_signal)
+    monkeypatch.setattr(loop, "evaluate", evaluate_then_signal)
     out = tmp_path / "o"
     result = train(RunConfig(epochs=3, **TINY_CFG, output=str(out)), on_step=lambda t: trainers.append(t))
     assert result.exit_code == 143 and [r["epoch"] for r in metrics(out)] == [1]

@@ -128,3 +128,157 @@ def test_idx_files_are_read_by_torchvisions_reader(tmp_path: Path, monkeypatch: 
     with pytest.raises(DataError, match="bytes beyond its declared shape"):
         (tmp_path / "long").write_bytes(data + b"\x00")
         read_idx(tmp_path / "long")
+
+
+# ------------------------------------------------------------------------------------------- the trainer's road
+
+# the stages of a run, in the order they run (vitlab/train/engine.py's docstring)
+STAGES = ["config.py", "batches.py", "run_model.py", "optim.py", "resume.py", "loop.py"]
+# what every stage may call: the process group, seeds, signals, the run lock, logging and tracking, the progress
+# record and the evaluation
+SERVICES = {"distributed.py", "seeding.py", "signals.py", "lock.py", "logging.py", "tracking.py", "progress.py",
+            "evaluate.py"}
+TINY_RUN = ["--model", "vit_mnist", "--dataset", "mnist-5k", "--depth", "1", "--embed-dim", "32", "--num-heads",
+            "2", "--limit-train", "128", "--limit-test", "32", "--batch-size", "64", "--device", "cpu", "--threads",
+            "1", "--no-progress"]
+
+
+def walk(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Run ``vitlab argv`` under a profiler; returns (the files of ``vitlab/train`` the trainer's driver,
+    ``engine.py``, calls into, consecutive repeats merged; the calls from inside a stage into a later stage)."""
+    import os
+    import sys
+
+    import vitlab.train
+    from vitlab.cli import main
+
+    root = os.path.dirname(vitlab.train.__file__) + os.sep
+    road: list[str] = []
+    forward: list[str] = []
+
+    def name(frame) -> str | None:  # noqa: ANN001
+        path = frame.f_code.co_filename
+        return path[len(root):] if path.startswith(root) else None
+
+    def profile(frame, event: str, arg) -> None:  # noqa: ANN001
+        if event != "call":
+            return
+        callee = name(frame)
+        if callee is None or callee == "engine.py":
+            return
+        caller = name(frame.f_back) if frame.f_back is not None else None
+        if caller == "engine.py":
+            if not road or road[-1] != callee:
+                road.append(callee)
+            return
+        stages = [f for f in road if f in STAGES]
+        if stages and callee in STAGES and STAGES.index(callee) > STAGES.index(stages[-1]):
+            forward.append(f"{caller} -> {callee}:{frame.f_code.co_name} during {stages[-1]}")
+
+    sys.setprofile(profile)
+    try:
+        rc = main(argv)
+    finally:
+        sys.setprofile(None)
+    assert rc == 0
+    return road, forward
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_train_call_visits_each_stage_once_in_order(tmp_path: Path, resumed: bool) -> None:
+    out = tmp_path / "run"
+    argv = ["train", *TINY_RUN, "--epochs", "1", "--output", str(out)]
+    if resumed:
+        from vitlab.cli import main
+
+        assert main(argv) == 0
+        argv = ["train", "--resume", str(out), "--epochs", "2", "--no-progress"]
+    road, forward = walk(argv)
+    assert [f for f in road if f in STAGES] == STAGES, road  # each stage once, contiguous, in order
+    assert set(road) <= set(STAGES) | SERVICES, road
+    assert forward == []  # a stage uses what earlier stages decided, never a later one
+
+
+def test_train_files_import_only_earlier_stages() -> None:
+    """Read top to bottom: a stage's file imports no later stage's file."""
+    import ast
+
+    import vitlab.train
+
+    root = Path(vitlab.train.__file__).parent
+    for i, stage in enumerate(STAGES):
+        tree = ast.parse((root / stage).read_text())
+        imported = {node.module.rsplit(".", 1)[-1] + ".py" for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vitlab.train.")}
+        assert not imported & set(STAGES[i + 1:]), (stage, imported)
+
+
+def test_train_files_fit_in_one_sitting() -> None:
+    import vitlab.train
+
+    for path in Path(vitlab.train.__file__).parent.glob("*.py"):
+        assert len(path.read_text().splitlines()) <= 430, path.name
+
+
+# ------------------------------------------------------------------------------------------------ names, errors
+
+def test_a_divergence_is_a_numerical_error_not_a_config_error() -> None:
+    from vitlab.errors import ConfigError, NumericalError, VitlabError
+    from vitlab.train import NonFiniteLoss
+
+    assert issubclass(NonFiniteLoss, NumericalError) and issubclass(NumericalError, VitlabError)
+    assert not issubclass(NonFiniteLoss, ConfigError)
+
+
+def test_progress_names_the_judged_figures_and_reads_older_records() -> None:
+    from vitlab.train.progress import Progress
+
+    p = Progress()
+    p.end_epoch(0.5, 0.75)
+    assert (p.eval_loss, p.eval_acc, p.best_eval_acc, p.best_epoch) == (0.5, 0.75, 0.75, 1)
+    assert not any("test" in k for k in p.to_dict())  # with --val-split they are validation figures
+    old = Progress()
+    old.restore({"epoch": 2, "test_loss": 0.4, "test_acc": 0.8, "best_test_acc": 0.9, "best_epoch": 1})
+    assert (old.eval_loss, old.eval_acc, old.best_eval_acc) == (0.4, 0.8, 0.9)
+
+
+def test_val_split_summary_keeps_its_documented_keys(tmp_path: Path) -> None:
+    import json
+
+    from vitlab.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", *TINY_RUN, "--epochs", "1", "--val-size", "32", "--output", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"final_val_acc", "best_val_acc", "final_test_acc"} <= set(summary) and "best_test_acc" not in summary
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert "val_acc" in row and "test_acc" not in row
+
+
+# ------------------------------------------------------------------------------------------ the dataset table
+
+def test_every_dataset_fact_is_read_from_the_catalog() -> None:
+    from vitlab.data import DATASETS, dataset_stats
+    from vitlab.data.catalog import CATALOG
+    from vitlab.data.reference import REFERENCE_ACCURACY, TRAIN_SIZES
+    from vitlab.models.pretrained_cfg import PRESET_STATS
+    from vitlab.train import config, run_model
+
+    assert DATASETS == tuple(CATALOG)
+    for name, info in CATALOG.items():
+        assert dataset_stats(name) == (info.mean, info.std)
+        assert TRAIN_SIZES.get(name) == info.num_train and REFERENCE_ACCURACY.get(name) == info.reference_acc
+        assert config.data_kind(name) == info.kind
+    assert PRESET_STATS["vit_mnist"] == (CATALOG["mnist"].mean, CATALOG["mnist"].std)
+    for gone in ("DATA_KIND", "RECIPE_FIELDS"):
+        assert not hasattr(config, gone)
+    assert not hasattr(run_model, "DATA_SHAPES")
+
+
+def test_timm_models_take_the_catalogs_native_shape() -> None:
+    from vitlab.train.config import RunConfig, resolve_run_model
+
+    for dataset, shape in [("cifar10", (32, 3)), ("mnist", (28, 1)), ("fashion-mnist", (28, 1))]:
+        rm = resolve_run_model(RunConfig(model="timm:vit_tiny_patch16_224", dataset=dataset,
+                                         model_overrides={"patch_size": 4}))
+        assert (rm.img_size, rm.in_chans) == shape

@@ -48,15 +48,15 @@ def test_bad_val_options_are_refused():
 
 
 def test_val_split_run_evaluates_on_validation_and_reads_test_once(tmp_path, monkeypatch):
-    import vitlab.train.engine as engine
+    import vitlab.train.loop as loop  # the loop evaluates each epoch
 
     seen = []
-    real = engine.evaluate
+    real = loop.evaluate
     def counting(model, split, **kw):
         seen.append(len(split))
         return real(model, split, **kw)
 
-    monkeypatch.setattr(engine, "evaluate", counting)
+    monkeypatch.setattr(loop, "evaluate", counting)
     result = train(RunConfig(**TINY, val_split=0.25, output=str(tmp_path / "run")))
     assert seen == [64, 64, 128]  # 2 epochs on the 64 held-out images, the 128 test images once at the end
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -13,6 +13,11 @@ class ConfigError(VitlabError):
     """An invalid model or run configuration."""
 
 
+class NumericalError(VitlabError):
+    """A computation that failed numerically (a NaN or infinite loss or gradient), not a bad option; the message
+    names the likely causes and the options that avoid them."""
+
+
 class DataError(VitlabError):
     """A dataset that cannot be found, downloaded or read."""
 

@@ -175,6 +175,51 @@ def cpu_plan(batch_size: int, tokens_per_image: int = 1, *, cores: int | None = 
     return CpuPlan(slices=slices, threads=max(1, cores // slices))
 
 
+SMALL_MODEL_MACS = 50_000_000  # per image; below it a CPU run uses one thread unless told otherwise
+
+
+def plan_training(model: nn.Module, device: torch.device, *, batch_size: int, slices: int | None = None,
+                  threads: int | None = None, compile: bool = False, distributed: bool = False,
+                  macs: int | None = None, tokens: int | None = None) -> int:
+    """Set the CPU threads of a training run and return its number of concurrent batch slices.
+
+    Slices: ``slices`` (``--slices``), else one per core (:func:`cpu_plan`) for a small model in one process when
+    the batch splits into slices of at least 256 tokens, the model draws its randomness only through vitlab's
+    DropPath, has no batch norm, and neither ``threads`` nor ``compile`` is given; else 1. Threads: ``threads``,
+    else one per slice when slicing, else ``OMP_NUM_THREADS`` when set, else one thread for small models (below
+    :data:`SMALL_MODEL_MACS` multiply-accumulates per image, ``macs``, whose tiny matmuls gain nothing from
+    intra-op threads and lose much on a busy machine) and the cores shared among the local processes for bigger
+    ones. ``tokens``: tokens per image (None when not a ViT). Off the CPU: 1, and ``slices`` above 1 is refused."""
+    if device.type != "cpu":
+        if slices and slices > 1:
+            raise ConfigError(f"--slices {slices} is a CPU option; drop it on {device}")
+        return 1
+    macs = macs or 0
+    chosen = slices or 1
+    model.train()  # the random and batch-coupled layers are judged as a training step runs them
+    why_not = None
+    if distributed:
+        why_not = "under torchrun each process is one slice"
+    elif compile:
+        why_not = "a compiled model runs one slice"
+    elif not rng_is_thread_safe(model):
+        why_not = "the model has dropout, whose random draws would depend on thread timing"
+    elif batch_coupled(model):
+        why_not = "the model has batch norm, whose statistics span the whole batch"
+    if slices and slices > 1 and why_not:
+        raise ConfigError(f"--slices {slices}: {why_not}; use --slices 1")
+    if slices is None and not why_not and not threads and macs < SMALL_MODEL_MACS and tokens:
+        chosen = cpu_plan(batch_size, tokens).slices
+    if threads:
+        torch.set_num_threads(threads)
+    elif chosen > 1:
+        torch.set_num_threads(max(1, cpu_cores() // chosen))
+    elif "OMP_NUM_THREADS" not in os.environ:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(1 if macs < SMALL_MODEL_MACS else max(1, (os.cpu_count() or 1) // local))
+    return chosen
+
+
 # ----------------------------------------------------------------------------------- sliced (threaded) steps
 @functools.cache
 def _pool(workers: int) -> ThreadPoolExecutor:

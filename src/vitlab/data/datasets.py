@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitlab.data.catalog import CATALOG, DATASET_ALIASES
 from vitlab.data.idx import find_idx_files, load_idx_split
 from vitlab.data.images import IMAGE_EXTENSIONS, load_image, prepare_images
 from vitlab.errors import DataError
@@ -31,29 +32,9 @@ __all__ = [
     "normalize",
 ]
 
-DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "cifar10", "cifar100", "mnist-5k", "imagefolder")
-
-DATASET_ALIASES = {  # the one table of alternative data set names
-    "fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "mnist5k": "mnist-5k",
-    "mnist_5k": "mnist-5k", "cifar-10": "cifar10", "cifar-100": "cifar100", "image-folder": "imagefolder",
-    "image_folder": "imagefolder",
-}
-
-_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # same values as timm.data.IMAGENET_DEFAULT_*
-_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
-    "mnist": ((0.1307,), (0.3081,)),
-    "mnist-5k": ((0.1307,), (0.3081,)),
-    "fashion-mnist": ((0.2860,), (0.3530,)),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "imagefolder": _IMAGENET,
-}
+DATASETS: tuple[str, ...] = tuple(CATALOG)
 _LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, the weights of the 3 -> 1 channel conversion
 
-_MNIST_CLASSES = [str(i) for i in range(10)]
-_FASHION_CLASSES = [
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-]
 _MNIST5K_SEED = 20240501
 _MNIST5K_TEST_PER_CLASS = 100
 
@@ -117,7 +98,8 @@ def default_root() -> Path:
 
 def dataset_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel (mean, std) of a data set in [0, 1] units, at its native channel count."""
-    return _STATS[_canonical(name)]
+    info = CATALOG[_canonical(name)]
+    return info.mean, info.std
 
 
 def normalization(name: str, in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -212,7 +194,7 @@ def _load_mnist5k() -> _Parts:
     x = torch.from_numpy(images.copy()).unsqueeze(1)  # (5000, 1, 28, 28)
     y = torch.from_numpy(labels.copy())
     tr, te = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
-    return x[tr], y[tr], x[te], y[te], list(_MNIST_CLASSES)
+    return x[tr], y[tr], x[te], y[te], list(CATALOG["mnist"].classes)
 
 
 # ------------------------------------------------------------------------------------ torchvision sets
@@ -261,7 +243,7 @@ def _load_torchvision(name: str, root: Path, download: bool) -> _Parts:
         out += [images.contiguous().to(torch.uint8), torch.as_tensor(ds.targets, dtype=torch.int64)]
         classes = [str(c) for c in ds.classes]
     if name == "mnist":  # torchvision names them "0 - zero"; keep the bare digits like mnist-5k
-        classes = list(_MNIST_CLASSES)
+        classes = list(CATALOG["mnist"].classes)
     return out[0], out[1], out[2], out[3], classes
 
 
@@ -270,7 +252,7 @@ def _load_idx(name: str, data_dir: Path) -> _Parts | None:
     if files is None:
         return None
     xtr, ytr, xte, yte = load_idx_split(files)
-    classes = list(_MNIST_CLASSES if name == "mnist" else _FASHION_CLASSES)
+    classes = list(CATALOG[name].classes)
     for labels, key in ((ytr, "train_labels"), (yte, "test_labels")):
         if len(labels) and labels.max() >= len(classes):
             raise DataError(f"{files[key]} holds label {int(labels.max())}, but {name} has {len(classes)} "

@@ -9,16 +9,13 @@ entry (CIFAR, image folders) are not checked.
 
 from __future__ import annotations
 
-REFERENCE_ACCURACY: dict[str, float] = {
-    "mnist-5k": 0.98,  # vit_mnist, 50-60 epochs of the recipe: 97.8-98.3 % (vitlab.train.config)
-    "mnist": 0.99,
-    "fashion-mnist": 0.90,
-}
+from vitlab.data.catalog import CATALOG
+
+REFERENCE_ACCURACY: dict[str, float] = {n: d.reference_acc for n, d in CATALOG.items() if d.reference_acc}
 UNDERTRAINED_MARGIN = 0.05  # five points of accuracy
 
 # training images per data set (the recipe row of SIZE_DEFAULTS depends on it)
-TRAIN_SIZES: dict[str, int] = {"mnist-5k": 4000, "mnist": 60000, "fashion-mnist": 60000, "cifar10": 50000,
-                               "cifar100": 50000}
+TRAIN_SIZES: dict[str, int] = {n: d.num_train for n, d in CATALOG.items() if d.num_train}
 
 
 def reference_accuracy(dataset: str, limit_train: int | None = None) -> float | None:

@@ -1,4 +1,5 @@
-"""From in-memory uint8 data to model-ready batches: subsets, per-epoch order, normalise + augment + mix.
+"""The data stage of a run: its data loaded in memory at the model's input (:func:`load_run_data`), then, step by
+step, model-ready batches: subsets, per-epoch order, normalise + augment + mix.
 
 Nothing here loops over images in Python except the optional TrivialAugment (torchvision works per image);
 the affine augmentation and random erasing run on the whole batch (``vitlab.data.BatchAugment``).
@@ -6,12 +7,16 @@ the affine augmentation and random erasing run on the whole batch (``vitlab.data
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from vitlab.data import BatchAugment, DataSplit, normalize
+from vitlab.data import BatchAugment, DataSplit, load_dataset, normalization, normalize
 from vitlab.errors import ConfigError
-from vitlab.train.config import RunConfig
+from vitlab.train.config import RunConfig, RunModel, for_data
+from vitlab.train.distributed import DistContext, check_batch
 from vitlab.train.seeding import derive_seed, generator
 
 SUBSET_SEED = 0  # --limit-train / --limit-test pick the same images in every run, eval and predict
@@ -42,6 +47,68 @@ def holdout(split: DataSplit, *, fraction: float | None = None,
     classes = list(split.classes)
     return (DataSplit(split.images[train_idx], split.labels[train_idx], classes),
             DataSplit(split.images[val_idx], split.labels[val_idx], list(classes)))
+
+
+@dataclass
+class RunData:
+    """The data of a run, in memory on its device: the splits, what each epoch is judged on, and the batch pipeline."""
+
+    train: DataSplit
+    test: DataSplit
+    val: DataSplit | None  # held out of the training images (--val-split / --val-size), else None
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    info: dict[str, Any]  # what config.json stores under "data"
+    steps_per_epoch: int
+    pipeline: BatchPipeline
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.train.classes)
+
+    @property
+    def eval_name(self) -> str:
+        """What each epoch is judged on: ``val`` (the held-out images) when there are some, else ``test``."""
+        return "test" if self.val is None else "val"
+
+    @property
+    def eval(self) -> DataSplit:
+        return self.test if self.val is None else self.val
+
+
+def load_run_data(cfg: RunConfig, run_model: RunModel, ctx: DistContext) -> tuple[RunData, RunConfig, RunModel]:
+    """Load the run's data at the input its model takes (rank 0 downloads first), take the fixed subsets and
+    the validation hold-out, and fill the recipe for the training set's size (:func:`vitlab.train.config.for_data`);
+    returns the data on the run's device with the completed config and model config."""
+    img_size, in_chans = run_model.img_size, run_model.in_chans
+    if not ctx.is_main:
+        ctx.barrier()
+    train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
+                                           in_chans=in_chans, download=cfg.download and ctx.is_main)
+    if ctx.is_main:
+        ctx.barrier()
+    train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
+    train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size)
+    cfg, run_model = for_data(cfg, run_model, len(train_split))
+    check_batch(cfg.batch_size, ctx)
+    steps_per_epoch = len(train_split) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"--batch-size {cfg.batch_size} is larger than the {len(train_split)} training "
+                          f"images; use --batch-size {len(train_split)} or less")
+    classes = list(train_split.classes)
+    mean, std = normalization(cfg.dataset, in_chans)
+    info = {"classes": classes, "mean": list(mean), "std": list(std), "img_size": img_size, "in_chans": in_chans,
+            "num_train": len(train_split), "num_test": len(test_split)}
+    if val_split is not None:
+        info["num_val"] = len(val_split)
+
+    def on_device(split: DataSplit | None) -> DataSplit | None:
+        return None if split is None else DataSplit(split.images.to(ctx.device), split.labels.to(ctx.device),
+                                                    split.classes)
+
+    data = RunData(on_device(train_split), on_device(test_split), on_device(val_split), mean, std, info,
+                   steps_per_epoch, BatchPipeline(cfg, mean, std, len(classes), in_chans))
+    return data, cfg, run_model
 
 
 def epoch_order(num: int, seed: int, epoch: int) -> Tensor:

@@ -1,4 +1,5 @@
-"""The run configuration: one dataclass, YAML loading, and the recipe defaults per data set size.
+"""The run configuration, the first stage of a run: one dataclass, YAML loading, the recipe defaults per data set
+size, and the config as a run starts (:func:`settle`: checked, its model config resolved once, its output folder).
 
 Precedence, lowest first: :data:`SIZE_DEFAULTS` (by training-set size) and :data:`AUGMENT_DEFAULTS` (by
 kind of image), then a ``--config`` YAML file, then command-line flags. Recipe fields left ``None`` are
@@ -11,18 +12,24 @@ import dataclasses
 import difflib
 import math
 import re
+import time
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab.checkpoint import CONFIG
+from vitlab.data.catalog import dataset_info
 from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
+from vitlab.models.registry import TIMM_PREFIX, ModelSpec, is_timm
+from vitlab.train.distributed import DistContext
+from vitlab.train.lock import check_free
 from vitlab.train.tracking import check_logger
 
-__all__ = ["AUGMENT_DEFAULTS", "NO_AUGMENT", "RunConfig", "canonical_dataset", "coerce", "load_yaml",
-           "model_defaults", "size_defaults"]
+__all__ = ["AUGMENT_DEFAULTS", "NO_AUGMENT", "RunConfig", "RunModel", "canonical_dataset", "coerce", "for_data",
+           "load_yaml", "model_defaults", "resolve_run_model", "settle", "size_defaults"]
 
 # Training recipe by number of training images (the first row whose bound is >= N applies).
 # The small-data row is tuned on mnist-5k (4,000 digits) with vit_mnist: batch 64 beat 128 and drop-path 0
@@ -40,9 +47,10 @@ SIZE_DEFAULTS: list[tuple[int, dict[str, Any]]] = [
                    label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
 ]
 
-# Augmentation by kind of image: digits must not be flipped; natural images are flipped and shifted; clothing
-# (Fashion-MNIST: centred, upright, mirror-symmetric garments) is flipped and shifted a little, never rotated
-# or sheared: a rotated shirt or a sheared shoe is not a garment of the data set.
+# Augmentation by kind of image (each data set's kind is in vitlab.data.catalog): digits must not be flipped;
+# natural images are flipped and shifted; clothing (Fashion-MNIST: centred, upright, mirror-symmetric garments) is
+# flipped and shifted a little, never rotated or sheared: a rotated shirt or a sheared shoe is not a garment of the
+# data set.
 AUGMENT_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": dict(degrees=12.0, scale=(0.9, 1.1), shear=8.0, translate=0.12, erase_prob=0.0, hflip=False,
                    pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0),
@@ -54,8 +62,6 @@ AUGMENT_DEFAULTS: dict[str, dict[str, Any]] = {
 # what --no-augment sets: every augmentation off
 NO_AUGMENT: dict[str, Any] = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0,
                                   hflip=False, pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0)
-DATA_KIND = {"mnist": "digits", "mnist-5k": "digits", "fashion-mnist": "clothing", "cifar10": "natural",
-             "cifar100": "natural", "imagefolder": "natural"}
 
 # Model overrides a data set's recipe applies to vitlab presets of arch 'vit' unless the user sets them.
 # (on mnist-5k the class-token head learned far slower: 63% vs 80% test accuracy after 9 epochs; weight_init=xavier
@@ -64,7 +70,6 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "
                                              "natural": {}}
 
 AMP_MODES = ("auto", "bf16", "off")
-RECIPE_FIELDS = tuple(SIZE_DEFAULTS[0][1]) + tuple(AUGMENT_DEFAULTS["digits"])
 
 
 @dataclass
@@ -138,7 +143,7 @@ class RunConfig:
 
     def resolve(self, num_train: int) -> RunConfig:
         """Fill every ``None`` recipe field from the defaults for ``num_train`` images of this data set."""
-        defaults = {**size_defaults(num_train), **AUGMENT_DEFAULTS[DATA_KIND.get(self.dataset, "natural")]}
+        defaults = {**size_defaults(num_train), **AUGMENT_DEFAULTS[data_kind(self.dataset)]}
         filled = {k: v for k, v in defaults.items() if getattr(self, k) is None}
         cfg = dataclasses.replace(self, **filled)
         cfg.validate()
@@ -217,8 +222,119 @@ def size_defaults(num_train: int) -> dict[str, Any]:
     return dict(next(row for bound, row in SIZE_DEFAULTS if num_train <= bound))
 
 
+def data_kind(dataset: str) -> str:
+    """The kind of image of a data set (its catalog entry's); natural for one the catalog does not know."""
+    info = dataset_info(dataset)
+    return info.kind if info is not None else "natural"
+
+
 def model_defaults(dataset: str) -> dict[str, Any]:
-    return dict(MODEL_DEFAULTS[DATA_KIND.get(dataset, "natural")])
+    return dict(MODEL_DEFAULTS[data_kind(dataset)])
+
+
+# ------------------------------------------------------------------------------------- the run as it starts
+
+
+def settle(cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
+           init_weights: str | Path | None = None) -> tuple[RunConfig, RunModel, Path]:
+    """The first stage of a run, before any data loads: the config checked (data set name made canonical, every
+    value in range), its model config resolved once (:func:`resolve_run_model`), and the output folder (the same on
+    every process), refused when another run writes there or a new run would overwrite a checkpoint."""
+    cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
+    cfg.validate()
+    if resume is not None and init_weights is not None:
+        raise ConfigError("a resumed run continues from its own weights; drop the initial weights, or start a new "
+                          "run with another --output")
+    run_model = resolve_run_model(cfg)
+    out = Path(cfg.output) if cfg.output else (Path(resume) if resume else default_output(cfg))
+    out = Path(ctx.broadcast_object(str(out)))
+    if ctx.is_main:
+        check_free(out)  # a live run writes there
+    if resume is None and (out / CONFIG).exists():
+        raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick "
+                          "another --output (or delete the folder)")
+    return cfg, run_model, out
+
+
+def default_output(cfg: RunConfig) -> Path:
+    name = cfg.model.replace(":", "-").replace("/", "-")
+    return Path("runs") / f"{name}_{cfg.dataset}_{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def for_data(cfg: RunConfig, run_model: RunModel, num_train: int) -> tuple[RunConfig, RunModel]:
+    """The config and model once the training set is known: the recipe of its size filled in
+    (:meth:`RunConfig.resolve`), the model given the recipe's drop-path, and the run config storing the model options
+    the model is built with."""
+    cfg = cfg.resolve(num_train)
+    run_model = run_model.with_recipe(cfg)
+    return cfg.replace(model_overrides=run_model.overrides), run_model
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model config of a run, resolved once from its :class:`RunConfig` (see :func:`resolve_run_model`)."""
+
+    spec: ModelSpec  # what the run builds, but for the data's class count (:meth:`spec_for`)
+    overrides: dict[str, Any]  # the effective model options the run config stores (ModelConfig fields; timm kwargs)
+    img_size: int  # the input the data is prepared at
+    in_chans: int
+
+    def with_recipe(self, cfg: RunConfig) -> RunModel:
+        """This model with the resolved recipe's drop-path rate and rule, unless the model options set them."""
+        recipe = {"drop_path_rate": cfg.drop_path}
+        if cfg.drop_path_rule is not None:
+            recipe["drop_path_rule"] = cfg.drop_path_rule
+        recipe = {k: v for k, v in recipe.items() if k not in self.overrides}
+        return dataclasses.replace(self, spec=self.spec.with_options(**recipe), overrides={**self.overrides, **recipe})
+
+    def spec_for(self, num_classes: int) -> ModelSpec:
+        """The spec of the run's model for the data's ``num_classes`` classes (they win over a ``num_classes``
+        option)."""
+        return self.spec.with_options(num_classes=num_classes)
+
+
+def resolve_run_model(cfg: RunConfig) -> RunModel:
+    """The model of run ``cfg``, before any data is loaded: the data set's defaults (vitlab ViTs) under the
+    user's options, resolved into a spec once, and the input size and channels the data must be prepared at. The
+    drop-path rate is a recipe option, known once the recipe is resolved for the training set's size
+    (:meth:`RunModel.with_recipe`); the class count is the data's (:meth:`RunModel.spec_for`)."""
+    name, overrides = cfg.model, dict(cfg.model_overrides)
+    if is_timm(name):
+        img_size, in_chans = _timm_input(name[len(TIMM_PREFIX):], overrides, cfg.dataset)
+        spec = ModelSpec.of(name, **{**overrides, "img_size": img_size, "in_chans": in_chans})
+        return RunModel(spec, overrides, img_size, in_chans)
+    # the user's options checked as they stand, as vitlab.create_model checks them (a num_classes option too; the
+    # data's count wins, spec_for); then the data set's defaults where the user set nothing
+    spec = ModelSpec.of(name, **overrides)
+    if spec.config.arch == "vit":
+        defaults = {k: v for k, v in model_defaults(cfg.dataset).items() if k not in overrides}
+        overrides = {**defaults, **overrides}
+        spec = spec.with_options(**defaults) if defaults else spec
+    return RunModel(spec, overrides, spec.config.img_size, spec.config.in_chans)
+
+
+def _timm_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:
+    """(img_size, in_chans) a timm model is created for: the options, else the data set's native shape
+    (vitlab.data.catalog), else timm's default size and 3 channels."""
+    info = dataset_info(dataset)
+    img_size = overrides.get("img_size", info.img_size if info else None)
+    in_chans = overrides.get("in_chans", (info.in_chans if info else None) or 3)
+    if img_size is None:
+        img_size = _timm_default_size(name)
+    if isinstance(img_size, list | tuple):
+        if len(set(img_size)) != 1:
+            raise ConfigError(f"img_size {img_size} must be square for vitlab's data; give one number")
+        img_size = img_size[0]
+    return int(img_size), int(in_chans)
+
+
+def _timm_default_size(name: str) -> int:
+    import timm
+
+    try:
+        return int(timm.get_pretrained_cfg(name).input_size[-1])
+    except (AttributeError, RuntimeError, ValueError):
+        return 224
 
 
 _YAML_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")

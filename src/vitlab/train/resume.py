@@ -1,4 +1,5 @@
-"""Resuming a run: the one place that reads a checkpoint to continue it and decides what may change.
+"""The checkpoint stage of a run: the one place that reads a checkpoint to continue it and decides what may change,
+restores a resumed run's state (:func:`restore`) and opens the run's folder (:func:`open_run_folder`).
 
 ``vitlab train --resume DIR`` continues the run saved in DIR bit-exactly: the run config stored there, with only
 the options in :data:`RESUMABLE` changed by the command line, and the training state of its ``state.pt``.
@@ -6,16 +7,23 @@ the options in :data:`RESUMABLE` changed by the command line, and the training s
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from vitlab.checkpoint import CONFIG, load_train_state, read_config, read_spec, spec_of, state_mismatch
+from vitlab.checkpoint import CONFIG, STATE, load_train_state, read_config, read_spec, spec_of, state_mismatch
+from vitlab.checkpoint.legacy import rename_legacy_keys
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.train.config import RunConfig
+from vitlab.train.distributed import DistContext
+from vitlab.train.lock import RunLock
+from vitlab.train.logging import METRICS
+from vitlab.train.optim import WarmupCosine
 from vitlab.train.options import RESULT_NEUTRAL
+from vitlab.train.progress import Progress
 
 # run options a resumed run may change without breaking the continuation: the result-neutral ones, more epochs, and
 # model options (the one model the run builds is checked against the checkpoint's architecture before its state loads)
@@ -77,3 +85,40 @@ class Resume:
             raise CheckpointError(f"cannot resume {self.path}: it holds a {saved.label} model but this run "
                                   f"builds a {spec_of(model).label} model: {problem}; resume without "
                                   "--model / model flags, or start a new run")
+
+
+def restore(resume: str | Path, *, verify: bool, model: nn.Module, optimizer: Any, scheduler: WarmupCosine,
+            ema: Any, progress: Progress) -> None:
+    """Load the training state saved in ``resume`` into the run's model (refused for another architecture),
+    optimiser, schedule, EMA copy and progress record. ``verify=False`` accepts a ``state.pt`` whose SHA-256 no
+    longer matches its ``manifest.json``."""
+    resumed = Resume.load(resume, verify)
+    state = resumed.state
+    for key in ("model", "ema"):  # an older vitlab's names (CaiT's gamma_1/gamma_2) under today's
+        if state.get(key) is not None:
+            state[key] = rename_legacy_keys(state[key], model.state_dict())
+    resumed.check_architecture(model)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if ema is not None:
+        if state.get("ema") is None:
+            raise CheckpointError(f"{resume}/{STATE} has no EMA weights but this run uses --ema-decay; "
+                                  "resume with --ema-decay 0")
+        ema.module.load_state_dict(state["ema"])
+    progress.restore(state["progress"])
+
+
+def open_run_folder(out_dir: Path, resume: str | Path | None, ctx: DistContext) -> RunLock:
+    """Create the output folder and take its lock (rank 0, the only writer; the run releases it when it ends); a run
+    resumed into another folder carries its ``metrics.jsonl`` there."""
+    lock = RunLock(out_dir)
+    if not ctx.is_main:
+        return lock
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock.acquire()
+    if resume is not None and Path(resume).resolve() != out_dir.resolve():
+        src = Path(resume) / METRICS
+        if src.is_file():
+            shutil.copyfile(src, out_dir / METRICS)
+    return lock

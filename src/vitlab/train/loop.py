@@ -1,0 +1,373 @@
+"""The training loop, the last stage of a run: epochs of reseeded steps, an evaluation and a checkpoint after each,
+and the run's summary.
+
+Every step reseeds all RNGs from (seed, epoch, step, rank) and every epoch's order is a function of
+(seed, epoch), so the same seed gives the same metrics on CPU and ``--resume`` continues bit-exactly from
+any saved step. SIGINT/SIGTERM save a resumable checkpoint and stop (exit 130/143); a non-finite loss
+stops the run (or with ``skip_nonfinite`` skips the step) and keeps the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab import perf
+from vitlab.checkpoint import CONFIG, save_checkpoint, weights_of
+from vitlab.data import DataSplit
+from vitlab.errors import NumericalError, WriteError
+from vitlab.train.batches import RunData, epoch_order
+from vitlab.train.config import RunConfig
+from vitlab.train.distributed import DistContext, shard
+from vitlab.train.evaluate import autocast, evaluate
+from vitlab.train.lock import RunLock
+from vitlab.train.logging import RunLogger
+from vitlab.train.optim import WarmupCosine
+from vitlab.train.progress import Progress
+from vitlab.train.run_model import model_macs
+from vitlab.train.seeding import derive_seed, generator, seed_everything
+from vitlab.train.signals import StopRequest
+
+AUG_STREAM = 0xA06  # the stream of each step's seed its augmentation draws from
+
+
+class NonFiniteLoss(NumericalError):
+    """The loss (or gradient norm) became NaN or infinite. ``summary``: the run's numbers at that step (the test
+    accuracy of its last finite weights, ``diverged`` and where), so a study can keep the divergence as a result;
+    None when they could not be taken."""
+
+    summary: dict[str, Any] | None = None
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    summary: dict[str, Any]
+    exit_code: int = 0  # 0, or 128 + signal when stopped by SIGINT/SIGTERM
+
+
+class Loop:
+    """The loop of a :class:`vitlab.train.engine.Trainer`, which sets up what it runs on (the attributes below)."""
+
+    cfg: RunConfig
+    ctx: DistContext
+    device: torch.device
+    data: RunData
+    model: nn.Module
+    ema: Any  # timm's ModelEmaV3, or None
+    optimizer: torch.optim.Optimizer
+    scheduler: WarmupCosine
+    progress: Progress
+    lock: RunLock
+    out_dir: Path
+    slices: int
+    amp_dtype: torch.dtype | None
+    stop: StopRequest
+    on_step: Callable[[Any], None] | None
+    on_epoch: Callable[[int, dict[str, Any]], bool] | None
+
+    # ------------------------------------------------------------------------------------------ views
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.data.steps_per_epoch
+
+    @property
+    def classes(self) -> list[str]:
+        return self.data.classes
+
+    @property
+    def data_info(self) -> dict[str, Any]:
+        return self.data.info
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        return self.data.mean
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        return self.data.std
+
+    @property
+    def pipeline(self):  # noqa: ANN201 - batches.BatchPipeline
+        return self.data.pipeline
+
+    @property
+    def train_data(self) -> DataSplit:
+        return self.data.train
+
+    @property
+    def test_data(self) -> DataSplit:
+        return self.data.test
+
+    @property
+    def eval_data(self) -> DataSplit:
+        return self.data.eval
+
+    @property
+    def eval_name(self) -> str:
+        return self.data.eval_name
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The model that is evaluated and saved: the EMA copy when EMA is on."""
+        return self.ema.module if self.ema is not None else self.model
+
+    def run_config(self) -> dict[str, Any]:
+        return {**self.cfg.to_dict(), "data": self.data_info}
+
+    def train_state(self) -> dict[str, Any]:
+        return {"model": weights_of(self.model), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "ema": weights_of(self.ema.module) if self.ema is not None else None,
+                "progress": self.progress.to_dict(), "rng": torch.get_rng_state()}
+
+    def save(self) -> None:
+        if self.ctx.is_main:
+            save_checkpoint(self.out_dir, self.eval_model, run_config=self.run_config(),
+                            train_state=self.train_state())
+        self.ctx.barrier()
+
+    # ------------------------------------------------------------------------------------------ loop
+
+    def fit(self) -> TrainResult:
+        """Train to the last epoch (or a stop), on the CPU with denormal floats flushed to zero unless
+        ``flush_denormal=False`` (``--keep-denormals``); the process's previous setting is restored after."""
+        flush = self.cfg.flush_denormal and self.device.type == "cpu"
+        with perf.flush_denormals() if flush else contextlib.nullcontext():
+            return self._fit()
+
+    def _criterion(self) -> nn.Module:
+        if self.pipeline.soft_targets:
+            from timm.loss import SoftTargetCrossEntropy
+
+            return SoftTargetCrossEntropy()
+        return nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """The model as the steps run it: under DDP on several processes, compiled with ``--compile``."""
+        if self.ctx.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
+        if self.cfg.compile:
+            model = torch.compile(model)
+        return model
+
+    def _fit(self) -> TrainResult:
+        cfg, p = self.cfg, self.progress
+        logger = None
+        status = "failed"
+        try:
+            self.criterion = self._criterion()
+            self.train_model = self._wrap(self.model)
+            self._stop_votes = 0.0
+            self._clock = time.perf_counter()
+            logger = RunLogger(self.out_dir, progress=cfg.progress, completed_epochs=p.epoch, tracker=cfg.logger,
+                               params=self.run_config()) if self.ctx.is_main else None
+            if self.ctx.is_main:
+                self._announce()
+            with self.stop:
+                while p.epoch < cfg.epochs and not self.stopped_early:
+                    if not self._run_epoch(logger) and p.epoch < cfg.epochs:
+                        status = "stopped"
+                        return self._interrupted()
+            summary = self.summary()
+            if logger is not None:
+                logger.write_summary(summary)
+            status = "finished"
+            return TrainResult(self.out_dir, summary)
+        except WriteError as exc:  # a full disk: say how to go on once there is space
+            saved = (self.out_dir / CONFIG).is_file()
+            then = f"continue with --resume {self.out_dir}" if saved else "start the run again (no checkpoint yet)"
+            raise WriteError(f"{exc}; then {then}") from exc
+        finally:
+            if logger is not None:
+                logger.close(status)
+            self.lock.release()
+
+    def _announce(self) -> None:
+        c, d = self.cfg, self.data_info
+        params = sum(t.numel() for t in self.model.parameters())
+        where = f"{self.device}" + (f" x {self.ctx.world_size} processes" if self.ctx.distributed else "")
+        if self.slices > 1:
+            threads = torch.get_num_threads()
+            where += f" ({self.slices} slices x {threads} thread{'s' * (threads > 1)})"
+        print(f"vitlab train: {c.model} ({params / 1e6:.2f}M params) on {c.dataset} ({d['num_train']} train / "
+              f"{d['num_test']} test, {d['in_chans']}x{d['img_size']}x{d['img_size']}), {c.epochs} epochs x "
+              f"{self.steps_per_epoch} steps of {c.batch_size}, lr {c.lr:g}, {where}; output {self.out_dir}",
+              flush=True)
+
+    def _run_epoch(self, logger: RunLogger | None) -> bool:
+        """Train the rest of the current epoch, evaluate, log and save; False when a stop was requested."""
+        cfg, p = self.cfg, self.progress
+        epoch = p.epoch
+        self._clock = time.perf_counter()
+        order = epoch_order(len(self.train_data), cfg.seed, epoch).to(self.device)
+        bar = logger.bar(epoch=epoch + 1, epochs=cfg.epochs, total=self.steps_per_epoch, initial=p.step) \
+            if logger else None
+        self.train_model.train()
+        try:
+            while p.step < self.steps_per_epoch:
+                start, cpu = time.perf_counter(), time.process_time()
+                loss = self._train_step(epoch, p.step, order)
+                p.train_time_s += time.perf_counter() - start
+                if p.train_cpu_s is not None:
+                    p.train_cpu_s += time.process_time() - cpu
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.scheduler.get_last_lr():.2e}",
+                                    img_s=f"{p.train_images / max(p.train_time_s, 1e-9):.0f}", refresh=False)
+                if self.on_step is not None:
+                    self.on_step(self)
+                if self._stop_agreed():
+                    self._tick()
+                    self.save()
+                    return False
+                if cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0:
+                    self._tick()
+                    self.save()
+        finally:
+            if bar is not None:
+                bar.close()
+        metrics = self._evaluate(self.eval_data)
+        self._tick()
+        name = self.eval_name
+        row = {"epoch": epoch + 1, "step": p.global_step, "train_loss": p.loss_sum / max(p.seen, 1),
+               f"{name}_loss": metrics["loss"], f"{name}_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
+               "seconds": p.epoch_seconds}
+        p.end_epoch(metrics["loss"], metrics["acc"])
+        if logger is not None:
+            logger.log_epoch(row)
+        self.save()
+        self.stopped_early = bool(self.on_epoch is not None and self.on_epoch(epoch + 1, row))
+        return not self._stop_agreed(sync=True)
+
+    def _evaluate(self, split: DataSplit) -> dict[str, Any]:
+        return evaluate(self.eval_model, split, mean=self.mean, std=self.std, batch_size=self.cfg.eval_batch_size,
+                        device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx, slices=self.slices)
+
+    def _tick(self) -> None:
+        """Add the wall time since the last tick to the run's and the epoch's clocks."""
+        now = time.perf_counter()
+        self.progress.wall_time_s += now - self._clock
+        self.progress.epoch_seconds += now - self._clock
+        self._clock = now
+
+    def _train_step(self, epoch: int, step: int, order: torch.Tensor) -> float:
+        cfg, p, ctx = self.cfg, self.progress, self.ctx
+        seed_everything(derive_seed(cfg.seed, epoch, step, ctx.rank))
+        gen = generator(derive_seed(cfg.seed, epoch, step, ctx.rank, AUG_STREAM))
+        idx = shard(order[step * cfg.batch_size:(step + 1) * cfg.batch_size], ctx)
+        x, y = self.pipeline.train_batch(self.train_data.images[idx], self.train_data.labels[idx], gen)
+
+        def loss_of(start: int, stop: int) -> torch.Tensor:  # the mean loss of rows start:stop
+            with autocast(self.device, self.amp_dtype):
+                logits = self.train_model(x[start:stop])
+            return self.criterion(logits.float(), y[start:stop])
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = perf.sliced_backward(loss_of, len(x), self.model.parameters(), self.slices)
+        finite = torch.isfinite(loss.detach())
+        # the gradient norm is checked even without clipping (max_norm inf scales by exactly 1): a finite loss
+        # with NaN/inf gradients would otherwise poison the weights and the next checkpoint
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or float("inf"))
+        finite = finite & torch.isfinite(norm)
+        stats = torch.stack([loss.detach().float() * len(idx), torch.tensor(float(len(idx)), device=loss.device),
+                             (~finite).float(), torch.tensor(float(self.stop.requested), device=loss.device)])
+        stats = ctx.all_reduce_sum(stats.double()).tolist()
+        self._stop_votes = stats[3]
+        p.step += 1
+        p.global_step += 1
+        if stats[2]:
+            if not cfg.skip_nonfinite:
+                raise self._nonfinite_error(epoch, step, stats[0] / stats[1])
+            p.skipped_steps += 1
+            self.scheduler.step()
+            return float("nan")
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model, step=p.global_step)
+        p.loss_sum += stats[0]
+        p.seen += stats[1]
+        p.train_images += stats[1]
+        return stats[0] / stats[1]
+
+    def _stop_agreed(self, sync: bool = False) -> bool:
+        """Every process stops at the same step once any of them got a signal (the votes travel with each
+        step's metrics; ``sync`` all-reduces them now, at an epoch end)."""
+        if not self.ctx.distributed:
+            return self.stop.requested
+        if sync:
+            votes = torch.tensor([float(self.stop.requested)], dtype=torch.float64, device=self.device)
+            self._stop_votes = self.ctx.all_reduce_sum(votes).item()
+        return bool(self._stop_votes)
+
+    def _nonfinite_error(self, epoch: int, step: int, loss: float) -> NonFiniteLoss:
+        cfg = self.cfg
+        causes = [f"a learning rate too high (--lr {cfg.lr:g}; try {cfg.lr / 4:g})"]
+        if self.amp_dtype is not None:
+            causes.append("low-precision overflow (try --amp off)")
+        if not cfg.clip_grad:
+            causes.append("no gradient clipping (try --clip-grad 1.0)")
+        where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress.global_step})"
+        kept = f"the last good checkpoint in {self.out_dir} is kept" if (self.out_dir / CONFIG).exists() \
+            else "no checkpoint was saved yet"
+        what = f"loss ({loss})" if not math.isfinite(loss) else f"gradient norm (loss {loss:.4g})"
+        err = NonFiniteLoss(f"non-finite {what} at {where}; likely {' or '.join(causes)}; {kept}; "
+                            "--skip-nonfinite skips such steps instead")
+        err.summary = self._diverged_summary(epoch, step, str(err))
+        return err
+
+    def _diverged_summary(self, epoch: int, step: int, message: str) -> dict[str, Any] | None:
+        """:meth:`summary` at a divergence: the failed step was not applied, so the weights are the last finite
+        ones and the test figures are theirs, evaluated now."""
+        try:
+            out = self.summary()
+            if self.eval_name != "val":  # summary() evaluated the test set itself otherwise
+                test = self._evaluate(self.test_data)
+                out.update(final_test_acc=test["acc"], final_test_loss=test["loss"],
+                           best_test_acc=max(out.get("best_test_acc") or 0.0, test["acc"]))
+        except Exception:  # noqa: BLE001 - the divergence is the error to report, not a failure to describe it
+            return None
+        return {**out, "diverged": True, "diverged_at": {"epoch": epoch + 1, "step": step + 1,
+                                                         "global_step": self.progress.global_step},
+                "error": message}
+
+    def _interrupted(self) -> TrainResult:
+        p = self.progress
+        if self.ctx.is_main:
+            print(f"vitlab train: stopped by {self.stop.name} at epoch {p.epoch + 1} step {p.step}; "
+                  f"resumable checkpoint saved in {self.out_dir} (continue with --resume {self.out_dir})",
+                  file=sys.stderr, flush=True)
+        return TrainResult(self.out_dir, {}, exit_code=self.stop.exit_code)
+
+    def summary(self) -> dict[str, Any]:
+        """The run's numbers; with a validation split the per-epoch figures are ``*_val_*`` and the test set
+        is evaluated here, once."""
+        p = self.progress
+        macs = model_macs(self.model, self.data_info)
+        judged = {"final_test_acc": p.eval_acc, "final_test_loss": p.eval_loss, "best_test_acc": p.best_eval_acc}
+        if self.eval_name == "val":
+            test = self._evaluate(self.test_data)
+            judged = {"final_val_acc": p.eval_acc, "final_val_loss": p.eval_loss, "best_val_acc": p.best_eval_acc,
+                      "final_test_acc": test["acc"], "final_test_loss": test["loss"]}
+        return {"model": self.cfg.model, "dataset": self.cfg.dataset, "epochs": p.epoch,
+                "steps": p.global_step, **judged, "best_epoch": p.best_epoch,
+                "train_images_per_second": p.train_images / max(p.train_time_s, 1e-9),
+                "wall_time_s": p.wall_time_s, "train_time_s": p.train_time_s, "train_cpu_s": p.train_cpu_s,
+                "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
+                "flops": 2 * macs if macs is not None else None, "skipped_steps": p.skipped_steps,
+                "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads(),
+                "slices": self.slices, "stopped_early": self.stopped_early}
