@@ -194,8 +194,8 @@ def test_summary_gate_rows() -> None:
             r = rows[f"blocks.{i}.{g}"]
             assert (r.type, r.macs, r.matmul_macs, r.params, r.tokens) == ("layerscale", t * 384, 0, 384, t)
     cait = {r.name: r for r in flops.summarize(_meta("cait_xxs24", depth=1)).rows}
-    assert cait["blocks.0.gamma_1"].macs == 196 * 192
-    assert cait["blocks_token_only.0.gamma_2"].macs == 192  # class-attention blocks update one token
+    assert cait["blocks.0.ls1"].macs == 196 * 192 and cait["blocks.0.ls1"].type == "layerscale"
+    assert cait["blocks_token_only.0.ls2"].macs == 192  # class-attention blocks update one token
     assert cait["blocks_token_only.0.attn"].tokens == 197
     assert cait["blocks_token_only.0.mlp"].tokens == 1
     rezero = {r.name: r for r in flops.summarize(_meta("vit_mnist", gate="rezero")).rows}

@@ -82,7 +82,7 @@ def test_gates_keep_the_input_dtype(dtype: torch.dtype) -> None:
     assert out.dtype == dtype
     torch.testing.assert_close(out, (x.float() * 0.5).to(dtype))
     assert ScalarGate(0.5)(x).dtype == dtype
-    for block in (Block(16, 2, gate="layerscale", init_values=0.1, timm_names=True),  # CaiT's gamma_1/gamma_2
+    for block in (Block(16, 2, gate="layerscale", init_values=0.1, gates_first=True),  # CaiT's parameter order
                   Block(16, 2, gate="layerscale", init_values=0.1), Block(16, 2, gate="scalar")):
         y = torch.randn(2, 5, 16).to(dtype)
         assert block._residual(1, y, y).dtype == dtype

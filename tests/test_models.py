@@ -13,6 +13,7 @@ from torch import nn
 
 import vitlab
 from vitlab.errors import ConfigError
+from vitlab.interop.timm_convert import from_timm_state_dict, to_timm_state_dict
 from vitlab.layers import Attention, ClassAttention, LayerScale, ReAttention, ScalarGate, record_attention, sincos_1d
 from vitlab.models import Cait, ModelConfig, VisionTransformer
 
@@ -233,13 +234,13 @@ def test_cait_presets_layerscale_init_and_uniform_drop_path() -> None:
     for name, value in expected.items():
         assert vitlab.get_config(name).init_values == value
     model = vitlab.create_model("cait_xxs24", **SMALL, drop_path_rate=0.1)
-    assert model.blocks[0].gamma_1[0].item() == pytest.approx(0.1)  # depth 2: the depth rule, not the preset's 1e-5
+    assert model.blocks[0].ls1.gamma[0].item() == pytest.approx(0.1)  # depth 2: the depth rule, not the preset's 1e-5
     assert [b.drop_path1.drop_prob for b in model.blocks] == pytest.approx([0.1, 0.1])
 
 
 def _gammas(model: nn.Module) -> set[float]:
     """The distinct values of CaiT's gammas, as float32 numbers."""
-    return {g.item() for n, p in model.named_parameters() if n.endswith(("gamma_1", "gamma_2"))
+    return {g.item() for n, p in model.named_parameters() if n.endswith(("ls1.gamma", "ls2.gamma"))
             for g in p.detach().unique()}
 
 
@@ -288,7 +289,7 @@ def test_no_weight_decay_names() -> None:
             "blocks.0.attn.proj.bias", "blocks.0.attn.q_norm.weight"} <= nwd
     assert not {"blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight", "head.weight"} & nwd
     cait = narrow("cait_xxs24").no_weight_decay()
-    assert {"blocks.0.gamma_1", "blocks_token_only.1.gamma_2", "cls_token", "pos_embed"} <= cait
+    assert {"blocks.0.ls1.gamma", "blocks_token_only.1.ls2.gamma", "cls_token", "pos_embed"} <= cait
 
 
 def test_config_round_trip() -> None:
@@ -328,10 +329,13 @@ TIMM_NAMED = ["vit_mnist", "vit_tiny", "vit_small", "vit_base", *vitlab.list_mod
 
 @pytest.mark.parametrize("name", TIMM_NAMED)
 def test_state_dict_names_and_shapes_equal_timm(name: str) -> None:
+    """A ViT's names are timm's; a CaiT's after the key map to timm (LayerScale ``ls{j}.gamma`` -> ``gamma_{j}``)."""
     cfg = vitlab.get_config(name, depth=2)
     with torch.device("meta"):  # names and shapes only: no memory, no init time
         ours, ref = vitlab.create_model(cfg), _timm_model(cfg)
-    assert _shapes(ours) == _shapes(ref)
+    assert {k: tuple(v.shape) for k, v in to_timm_state_dict(ours).items()} == _shapes(ref)
+    if cfg.arch == "vit":
+        assert _shapes(ours) == _shapes(ref)
 
 
 def _perturbed_timm_state(ref: nn.Module) -> dict[str, torch.Tensor]:
@@ -353,7 +357,7 @@ def test_logits_equal_timm_with_the_same_weights(name: str, overrides: dict) -> 
     cfg = vitlab.get_config(name, img_size=img, patch_size=patch, depth=2, embed_dim=64, num_heads=4, **overrides)
     ref = _timm_model(cfg).eval()
     ours = vitlab.create_model(cfg).eval()
-    ours.load_state_dict(_perturbed_timm_state(ref), strict=True)
+    ours.load_state_dict(from_timm_state_dict(_perturbed_timm_state(ref), ours), strict=True)
     x = torch.randn(2, cfg.in_chans, img, img)
     torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vitlab
+from vitlab.interop.timm_convert import to_timm_state_dict
 from vitlab.layers.attention import Attention, mix_heads
 
 
@@ -124,7 +125,7 @@ def test_cait_logits_match_timm_with_the_same_weights() -> None:
                                num_classes=10).eval()
     theirs = Cait(img_size=32, patch_size=8, num_classes=10, embed_dim=192, depth=2, num_heads=4,
                   init_values=1e-5, depth_token_only=1).eval()
-    missing = theirs.load_state_dict(ours.state_dict(), strict=True)
+    missing = theirs.load_state_dict(to_timm_state_dict(ours), strict=True)  # CaiT's ls{j}.gamma as timm's gamma_{j}
     assert not missing.missing_keys and not missing.unexpected_keys
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():

@@ -18,6 +18,7 @@ from _scripts import load_script
 from vitlab.checkpoint import load_train_state
 from vitlab.cli import main
 from vitlab.errors import ConfigError
+from vitlab.interop.timm_convert import conversion_rules
 from vitlab.perf import sliced_backward
 from vitlab.train.config import RunConfig
 from vitlab.train.optim import WarmupCosine, build_optimizer, layer_ids, no_decay_names, param_groups
@@ -259,13 +260,19 @@ def test_no_grad_forward_ignores_checkpointing() -> None:
 def test_group_matcher_gives_timms_layers(case: str) -> None:
     model, tm = pair(case)
     ours = group_parameters(model, model.group_matcher(coarse=False), reverse=True)
-    theirs = group_parameters(tm, tm.group_matcher(coarse=False), reverse=True)
+    theirs = as_vitlab_names(group_parameters(tm, tm.group_matcher(coarse=False), reverse=True), model)
     if model.cfg.arch == "vit" and model.num_end:
         theirs = {k: v for k, v in theirs.items() if k in ours}  # same names; vitlab has no extra ones
     assert ours == theirs
     assert layer_ids(model) == ours  # vitlab's reading of a matcher is timm's
     assert ours["head.weight"] == max(ours.values()) and ours["patch_embed.proj.weight"] == 0
     assert len(set(ours.values())) == model.cfg.depth + 2  # stem, one per block, head
+
+
+def as_vitlab_names(by_name: dict, model: vitlab.VitlabModel) -> dict:
+    """timm's parameter names under vitlab's (the key map of ``to_timm``: CaiT's ``gamma_{j}`` is ``ls{j}.gamma``)."""
+    names = {r.timm_key: r.vitlab_key for r in conversion_rules(model) if r.vitlab_key}
+    return {names.get(k, k): v for k, v in by_name.items()}
 
 
 def lr_scales(groups: list[dict], model: nn.Module) -> dict[str, float]:
@@ -279,7 +286,7 @@ def test_layer_decay_groups_follow_timm(case: str) -> None:
     groups = param_groups(model, 0.05, layer_decay=0.75)
     ours = lr_scales(groups, model)
     assert ours == pytest.approx(lr_scales(param_groups_layer_decay(model, 0.05, layer_decay=0.75), model))
-    theirs = lr_scales(param_groups_layer_decay(tm, 0.05, layer_decay=0.75), tm)
+    theirs = as_vitlab_names(lr_scales(param_groups_layer_decay(tm, 0.05, layer_decay=0.75), tm), model)
     assert ours == pytest.approx({k: v for k, v in theirs.items() if k in ours})
     layers = layer_ids(model)
     top = max(layers.values())

@@ -120,12 +120,7 @@ def _entry(name: str, module: nn.Module, tokens: int, **kwargs) -> FlopEntry:
 
 
 def _gate(block: ResidualGates, i: int, name: str, tokens: int) -> Iterator[FlopEntry]:
-    """Gate ``i`` of a block: a ``gamma_i`` parameter (timm's CaiT names), a module ``ls{i}`` or nothing."""
-    gamma = getattr(block, f"gamma_{i}", None)
-    if isinstance(gamma, nn.Parameter):
-        yield FlopEntry(f"{name}.gamma_{i}", "layerscale", "LayerScale", gamma.numel(), tokens,
-                        tokens * gamma.numel(), 0)
-        return
+    """Gate ``i`` of a block, the module ``ls{i}``: LayerScale, a scalar gate or nothing (identity)."""
     gate = getattr(block, f"ls{i}")
     if isinstance(gate, LayerScale):
         yield _entry(f"{name}.ls{i}", gate, tokens)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from vitlab import atomic
 from vitlab.checkpoint import manifest
 from vitlab.checkpoint.data_config import apply_checkpoint_config
+from vitlab.checkpoint.legacy import rename_legacy_keys
 from vitlab.checkpoint.manifest import MANIFEST
 from vitlab.checkpoint.spec import ModelSpec, spec_of, unwrap
 from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, safetensors_bytes
@@ -232,8 +233,8 @@ def load_model(path: str | Path, *, model: str | None = None, verify: bool = Tru
         shape = ("img_size", "patch_size", "in_chans", "num_classes")
         opts = {k: stored[k] for k in shape if stored.get(k) is not None}
         net = create_model(model, **{**opts, **overrides})
-    weights = _checkpoint_weights(path, verify)
     expected = net.state_dict()
+    weights = rename_legacy_keys(_checkpoint_weights(path, verify), expected)
     problem = state_mismatch(expected, weights)
     if problem and model is None and not overrides:  # the two files disagree with each other
         raise CheckpointError(f"checkpoint {path}: {WEIGHTS} does not fit the {spec.label} model its {CONFIG} "

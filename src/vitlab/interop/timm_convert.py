@@ -3,10 +3,10 @@
 a timm model or state dict in :mod:`vitlab.interop.timm_config`).
 
 Parameter names are shared (``patch_embed.proj``, ``blocks.{i}.attn.qkv``, ``ls1.gamma``...), so most keys pass
-through unchanged. What timm holds differently is mapped by :class:`Rule` s: scalar gates become constant
-LayerScale gammas, a CaiT without gates gets gammas of ones, a CaiT with plain attention gets identity
-talking-heads, a CaiT without position embedding gets a zero table. A fixed sin-cos table becomes timm's
-(learnable) ``pos_embed`` with the same values.
+through unchanged. What timm holds differently is mapped by :class:`Rule` s: CaiT's LayerScale ``ls{j}.gamma`` is
+timm's ``gamma_{j}``, scalar gates become constant LayerScale gammas, a CaiT without gates gets gammas of ones, a
+CaiT with plain attention gets identity talking-heads, a CaiT without position embedding gets a zero table. A fixed
+sin-cos table becomes timm's (learnable) ``pos_embed`` with the same values.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop.timm_config import NORM_EPS
-from vitlab.layers import ReAttention, ScalarGate, drop_path_rates
+from vitlab.layers import LayerScale, ReAttention, ScalarGate, drop_path_rates
 from vitlab.models import VitlabModel
 
 # ---------------------------------------------------------------- ModelConfig -> timm model
@@ -109,12 +109,12 @@ def conversion_rules(model: VitlabModel) -> list[Rule]:
     if model.cfg.arch == "cait":
         gated += [(f"blocks_token_only.{i}", b) for i, b in enumerate(model.blocks_token_only)]
     for prefix, blk in gated:
-        if getattr(blk, "_param_gates", False):
-            continue
         for j in (1, 2):
             gate = getattr(blk, f"ls{j}")
             timm_key = f"{prefix}.ls{j}.gamma" if model.cfg.arch == "vit" else f"{prefix}.gamma_{j}"
-            if isinstance(gate, ScalarGate):
+            if model.cfg.arch == "cait" and isinstance(gate, LayerScale):  # the same tensor, timm's Cait name
+                rules.append(Rule(f"{prefix}.ls{j}.gamma", timm_key, _same, _same))
+            elif isinstance(gate, ScalarGate):
                 rules.append(Rule(f"{prefix}.ls{j}.alpha", timm_key, partial(_expand, dim=dim),
                                   partial(_constant, key=timm_key)))
             elif model.cfg.arch == "cait" and isinstance(gate, nn.Identity):
@@ -135,6 +135,10 @@ def conversion_rules(model: VitlabModel) -> list[Rule]:
             rules.append(Rule(None, "pos_embed", partial(_fill, shape=shape, fill="zeros"),
                               partial(_require, key="pos_embed", fill="zeros")))
     return rules
+
+
+def _same(value: Tensor) -> Tensor:
+    return value
 
 
 def _expand(alpha: Tensor, dim: int) -> Tensor:

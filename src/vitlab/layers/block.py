@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
-import torch
 from torch import Tensor, nn
 
 from vitlab.layers.attention import Attention
@@ -22,36 +21,23 @@ from vitlab.layers.norm import LayerNorm
 
 
 class ResidualGates:
-    """Mixin for blocks with two gated residual branches.
-
-    Gates are modules ``ls1``/``ls2`` (timm's ViT names) or, for CaiT with LayerScale and
-    ``timm_names=True``, the parameters ``gamma_1``/``gamma_2`` of timm's ``Cait``.
-    :func:`record_residuals` makes every block record ``||branch|| / ||x||`` per sample.
+    """Mixin for blocks with two gated residual branches, the gate modules ``ls1``/``ls2`` (timm's ViT names;
+    timm's ``Cait`` names LayerScale's gammas ``gamma_1``/``gamma_2``, a key map of
+    :mod:`vitlab.interop.timm_convert`). :func:`record_residuals` makes every block record
+    ``||branch|| / ||x||`` per sample.
     """
 
     _ratios: list[dict[str, Tensor]] | None = None
 
-    def _init_gates(self, dim: int, gate: str, init_values: float | None, drop_path: float,
-                    timm_names: bool = False) -> None:
+    def _init_gates(self, dim: int, gate: str, init_values: float | None, drop_path: float) -> None:
         self.gate = gate
-        self._param_gates = gate == "layerscale" and timm_names
-        if self._param_gates:
-            init = 1e-4 if init_values is None else init_values
-            self.gamma_1 = nn.Parameter(torch.full((dim,), float(init)))
-            self.gamma_2 = nn.Parameter(torch.full((dim,), float(init)))
-            self.gamma_1._no_weight_decay = True
-            self.gamma_2._no_weight_decay = True
-        else:
-            self.ls1 = _gate(gate, dim, init_values)
-            self.ls2 = _gate(gate, dim, init_values)
+        self.ls1 = _gate(gate, dim, init_values)
+        self.ls2 = _gate(gate, dim, init_values)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _residual(self, i: int, x: Tensor, y: Tensor) -> Tensor:
-        if self._param_gates:
-            branch = y * (self.gamma_1 if i == 1 else self.gamma_2).to(y.dtype)
-        else:
-            branch = (self.ls1 if i == 1 else self.ls2)(y)
+        branch = (self.ls1 if i == 1 else self.ls2)(y)
         if self._ratios is not None:
             ratio = branch.flatten(1).norm(dim=1) / x.flatten(1).norm(dim=1).clamp_min(1e-12)  # (B,)
             if i == 1:
@@ -61,9 +47,7 @@ class ResidualGates:
         return x + (self.drop_path1 if i == 1 else self.drop_path2)(branch)
 
     def _gate_flops(self, num_tokens: int) -> int:
-        if self._param_gates or isinstance(self.ls1, LayerScale):
-            return num_tokens * self.dim
-        if isinstance(self.ls1, ScalarGate | FixupGate):
+        if isinstance(self.ls1, LayerScale | ScalarGate | FixupGate):  # one multiply per element of the branch
             return num_tokens * self.dim
         return 0
 
@@ -101,9 +85,14 @@ class Block(ResidualGates, nn.Module):
                  attn_layer: type[nn.Module] = Attention, attn_kwargs: dict | None = None,
                  mlp_layer: type[nn.Module] = Mlp, norm_layer: type[nn.Module] = LayerNorm,
                  gate: str = "none", init_values: float | None = 1e-4, drop_path: float = 0.0,
-                 proj_drop: float = 0.0, timm_names: bool = False) -> None:
+                 proj_drop: float = 0.0, gates_first: bool = False) -> None:
         super().__init__()
         self.dim = dim
+        # gates_first: ls1/ls2 before the layers, CaiT's parameter order (timm's Cait yields gamma_1/gamma_2 first,
+        # as vitlab's CaiT did before its gates became modules), so a saved optimiser state resumes onto the same
+        # parameters; every other block registers its gates last
+        if gates_first:
+            self._init_gates(dim, gate, init_values, drop_path)
         # ReZero, Fixup and T-Fixup drop the pre-norms; every other gate keeps them
         self.norm1 = nn.Identity() if gate in NORM_FREE else norm_layer(dim)
         self.attn = attn_layer(dim, num_heads, proj_drop=proj_drop, **(attn_kwargs or {}))
@@ -111,7 +100,8 @@ class Block(ResidualGates, nn.Module):
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=proj_drop)
         if gate == "fixup":
             add_fixup_biases(self.attn, self.mlp)
-        self._init_gates(dim, gate, init_values, drop_path, timm_names)
+        if not gates_first:
+            self._init_gates(dim, gate, init_values, drop_path)
 
     def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:
         y = self.attn(self.norm1(x), rope=rope) if rope is not None else self.attn(self.norm1(x))

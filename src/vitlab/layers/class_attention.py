@@ -52,22 +52,26 @@ class ClassAttention(AttentionBase):
 class ClassAttentionBlock(ResidualGates, nn.Module):
     """``x_cls += gate(CA(norm1([x_cls, x])))``, ``x_cls += gate(MLP(norm2(x_cls)))``.
 
-    With ``gate='layerscale'`` and ``timm_names=True`` the gates are the parameters ``gamma_1``/``gamma_2``
-    of timm's CaiT; otherwise they are modules ``ls1``/``ls2``.
+    The gates are modules ``ls1``/``ls2`` (timm's ``Cait`` names LayerScale's ``gamma_1``/``gamma_2``: a key map
+    of :mod:`vitlab.interop.timm_convert`). LayerScale gates are registered before the layers, as in CaiT's
+    self-attention blocks (:class:`~vitlab.layers.block.Block`'s ``gates_first``).
     """
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  norm_layer: type[nn.Module] = LayerNorm, gate: str = "layerscale", init_values: float = 1e-5,
-                 drop_path: float = 0.0, proj_drop: float = 0.0, attn_drop: float = 0.0,
-                 timm_names: bool = True) -> None:
+                 drop_path: float = 0.0, proj_drop: float = 0.0, attn_drop: float = 0.0) -> None:
         super().__init__()
+        gates_first = gate == "layerscale"  # CaiT's parameter order, as Block(gates_first=True)
+        if gates_first:
+            self._init_gates(dim, gate, init_values, drop_path)
         # ReZero drops the pre-norms, as in Block
         self.norm1 = nn.Identity() if gate == "rezero" else norm_layer(dim)
         self.attn = ClassAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
         self.norm2 = nn.Identity() if gate == "rezero" else norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
         self.dim = dim
-        self._init_gates(dim, gate, init_values, drop_path, timm_names)
+        if not gates_first:
+            self._init_gates(dim, gate, init_values, drop_path)
 
     def forward(self, x: Tensor, x_cls: Tensor) -> Tensor:
         u = torch.cat([x_cls, x], dim=1)  # (B, 1 + N, C)

@@ -2,8 +2,10 @@
 class-attention blocks where only the class token queries.
 
 Parameter names follow timm's ``Cait``: ``patch_embed.proj``, ``pos_embed`` (patches only), ``cls_token``,
-``blocks.{i}.{norm1,attn.qkv,attn.proj_l,attn.proj_w,attn.proj,gamma_1,norm2,mlp.fc1,mlp.fc2,gamma_2}``,
-``blocks_token_only.{j}.{norm1,attn.q,attn.k,attn.v,attn.proj,gamma_1,norm2,mlp,gamma_2}``, ``norm``, ``head``.
+``blocks.{i}.{norm1,attn.qkv,attn.proj_l,attn.proj_w,attn.proj,norm2,mlp.fc1,mlp.fc2}``,
+``blocks_token_only.{j}.{norm1,attn.q,attn.k,attn.v,attn.proj,norm2,mlp}``, ``norm``, ``head``; LayerScale is the
+module of every vitlab block (``ls1.gamma``/``ls2.gamma``), which timm's ``Cait`` names ``gamma_1``/``gamma_2``
+(a key map in :mod:`vitlab.interop.timm_convert`; older vitlab CaiT checkpoints with those names still load).
 Unlike timm, the position embedding resamples to any image size (see :mod:`vitlab.interop`), and
 ``set_input_size`` / ``dynamic_img_size`` work for CaiT as for the ViT.
 """
@@ -58,12 +60,11 @@ class Cait(ResizableInput, VitlabModel):
         else:
             self.register_buffer("pos_embed", table)
         self.pos_drop = nn.Dropout(cfg.drop_rate)
-        self.blocks = make_blocks(cfg, timm_names=True)
+        self.blocks = make_blocks(cfg)
         norm = norm_layer(cfg.norm)
         self.blocks_token_only = nn.ModuleList([
             ClassAttentionBlock(dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio_token_only, qkv_bias=cfg.qkv_bias,
-                                norm_layer=norm, gate=cfg.gate, init_values=cfg.gate_init_value(),
-                                timm_names=True)
+                                norm_layer=norm, gate=cfg.gate, init_values=cfg.gate_init_value())
             for _ in range(cfg.depth_token_only)])
         self.norm = norm(dim)
         self.head_drop = nn.Dropout(cfg.drop_rate)

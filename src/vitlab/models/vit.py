@@ -55,7 +55,10 @@ def block_attention(cfg: ModelConfig, index: int) -> tuple[type[nn.Module], dict
                            talking_heads=cfg.attn == "talking_heads", attn_drop=cfg.attn_drop_rate)
 
 
-def make_blocks(cfg: ModelConfig, timm_names: bool = False) -> nn.ModuleList:
+def make_blocks(cfg: ModelConfig) -> nn.ModuleList:
+    """The ``depth`` self-attention blocks of ``cfg``; CaiT's LayerScale blocks register their gates first (the
+    parameter order of timm's ``Cait``, see :class:`~vitlab.layers.Block`)."""
+    gates_first = cfg.arch == "cait" and cfg.gate == "layerscale"
     rates = drop_path_rates(cfg.drop_path_rate, cfg.depth, cfg.drop_path_rule)
     blocks = []
     for i in range(cfg.depth):
@@ -63,7 +66,7 @@ def make_blocks(cfg: ModelConfig, timm_names: bool = False) -> nn.ModuleList:
         blocks.append(Block(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, attn_layer=attn_layer,
                             attn_kwargs=attn_kwargs, mlp_layer=mlp_layer(cfg.mlp), norm_layer=norm_layer(cfg.norm),
                             gate=cfg.gate, init_values=cfg.gate_init_value(), drop_path=rates[i],
-                            proj_drop=cfg.drop_rate, timm_names=timm_names))
+                            proj_drop=cfg.drop_rate, gates_first=gates_first))
     return nn.ModuleList(blocks)
 
 
