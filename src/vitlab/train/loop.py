@@ -82,10 +82,6 @@ class Loop:
         return self.data.steps_per_epoch
 
     @property
-    def classes(self) -> list[str]:
-        return self.data.classes
-
-    @property
     def data_info(self) -> dict[str, Any]:
         return self.data.info
 

@@ -72,11 +72,6 @@ class Resume:
         state = load_train_state(path, verify=verify)
         return cls(Path(path), read_config(path), state)
 
-    @property
-    def classes(self) -> list[str]:
-        """The class names of the data the run was trained on."""
-        return (self.config.get("run") or {}).get("data", {}).get("classes") or []
-
     def check_architecture(self, model: nn.Module) -> None:
         """Refuse to load the saved state into a model of another architecture."""
         problem = state_mismatch(model.state_dict(), self.state["model"])
