@@ -31,13 +31,15 @@ from torch import nn
 
 from vitlab.atomic import atomic_path
 from vitlab.data import DataSplit
+from vitlab.data.catalog import CATALOG
 from vitlab.models import create_model
 from vitlab.perf import cpu_model
 from vitlab.train.batches import BatchPipeline
 from vitlab.train.config import AUGMENT_DEFAULTS, RunConfig, size_defaults
 from vitlab.train.evaluate import evaluate
 
-MEAN, STD = (0.1307,), (0.3081,)
+MNIST5K = CATALOG["mnist-5k"]
+MEAN, STD = MNIST5K.mean, MNIST5K.std
 
 
 def one_epoch(model: nn.Module, opt: torch.optim.Optimizer, pipe: BatchPipeline, train: DataSplit, test: DataSplit,
@@ -67,8 +69,8 @@ def one_epoch(model: nn.Module, opt: torch.optim.Optimizer, pipe: BatchPipeline,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="vit_mnist")
-    parser.add_argument("--train", type=int, default=4000, help="training images (mnist-5k: 4,000)")
-    parser.add_argument("--test", type=int, default=1000, help="test images (mnist-5k: 1,000)")
+    parser.add_argument("--train", type=int, default=MNIST5K.num_train, help="training images (mnist-5k: 4,000)")
+    parser.add_argument("--test", type=int, default=MNIST5K.num_test, help="test images (mnist-5k: 1,000)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="256 + 128 images, 1 repeat")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     recipe = size_defaults(4000)
     cfg = RunConfig(model=args.model, dataset="mnist-5k", **AUGMENT_DEFAULTS["digits"])
-    pipe = BatchPipeline(cfg, MEAN, STD, num_classes=10, in_chans=1)
+    pipe = BatchPipeline(cfg, MEAN, STD, num_classes=MNIST5K.num_classes, in_chans=MNIST5K.in_chans)
     model = create_model(args.model, global_pool="avg")
     opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
 

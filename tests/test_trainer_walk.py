@@ -282,3 +282,31 @@ def test_timm_models_take_the_catalogs_native_shape() -> None:
         rm = resolve_run_model(RunConfig(model="timm:vit_tiny_patch16_224", dataset=dataset,
                                          model_overrides={"patch_size": 4}))
         assert (rm.img_size, rm.in_chans) == shape
+
+
+# ------------------------------------------------------------------------------------------- CPU planning
+
+def test_cpu_planning_is_a_perf_decision() -> None:
+    from vitlab import perf
+    from vitlab.errors import ConfigError
+    from vitlab.train.engine import Trainer
+    from vitlab.train.run_model import token_count
+
+    assert not hasattr(Trainer, "_plan_cpu")
+    threads = torch.get_num_threads()
+    try:
+        model = vitlab.create_model("vit_mnist", depth=1)
+        tokens = token_count(model)
+        cpu = torch.device("cpu")
+        want = perf.cpu_plan(64, tokens).slices
+        assert perf.plan_training(model, cpu, batch_size=64, macs=1000, tokens=tokens) == want
+        assert perf.plan_training(model, cpu, batch_size=64, threads=1, macs=1000, tokens=tokens) == 1
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ConfigError, match="--slices 2 is a CPU option"):
+            perf.plan_training(model, torch.device("cuda"), batch_size=64, slices=2)
+        dropout = vitlab.create_model("vit_mnist", depth=1, drop_rate=0.1)
+        with pytest.raises(ConfigError, match="--slices 2: the model has dropout"):
+            perf.plan_training(dropout, cpu, batch_size=64, slices=2, macs=1000, tokens=tokens)
+        assert perf.plan_training(dropout, cpu, batch_size=64, macs=1000, tokens=tokens) == 1
+    finally:
+        torch.set_num_threads(threads)
