@@ -22,9 +22,8 @@ import torch
 
 from vitlab import perf
 from vitlab.train.batches import load_run_data
-from vitlab.train.config import RunConfig, default_output, settle
+from vitlab.train.config import RunConfig, settle
 from vitlab.train.distributed import DistContext, init_distributed
-from vitlab.train.evaluate import evaluate
 from vitlab.train.loop import Loop, NonFiniteLoss, TrainResult
 from vitlab.train.optim import WarmupCosine, build_optimizer
 from vitlab.train.progress import Progress
@@ -32,7 +31,7 @@ from vitlab.train.resume import open_run_folder, restore
 from vitlab.train.run_model import build_run_model, model_macs, token_count
 from vitlab.train.signals import StopRequest
 
-__all__ = ["NonFiniteLoss", "TrainResult", "Trainer", "default_output", "evaluate", "train"]
+__all__ = ["NonFiniteLoss", "TrainResult", "Trainer", "train"]
 
 
 def train(cfg: RunConfig, *, resume: str | Path | None = None, init_weights: str | Path | None = None,
