@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from vitlab.errors import CheckpointError
-from vitlab.models.registry import TIMM_PREFIX, ModelSpec, is_timm
+from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
 
 __all__ = ["TIMM_PREFIX", "ModelSpec", "is_timm", "spec_of", "unwrap"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -16,9 +15,7 @@ from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
 from vitlab.models.config import ModelConfig
 from vitlab.models.eval_mode import analysis_mode
-
-if TYPE_CHECKING:
-    from vitlab.models.registry import ModelSpec
+from vitlab.models.spec import ModelSpec
 
 
 @dataclass
@@ -62,10 +59,8 @@ class VitlabModel(nn.Module):
 
     @property
     def vitlab_spec(self) -> ModelSpec:
-        """What a checkpoint stores to rebuild this model (:class:`vitlab.models.registry.ModelSpec`): its config as
+        """What a checkpoint stores to rebuild this model (:class:`vitlab.models.spec.ModelSpec`): its config as
         it is now, after any ``set_input_size`` / ``reset_classifier``."""
-        from vitlab.models.registry import ModelSpec
-
         return ModelSpec(config=self.cfg)
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:

@@ -20,6 +20,7 @@ from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weigh
 from vitlab.models.config import ModelConfig
 from vitlab.models.input_size import ResizableInput
 from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
+from vitlab.models.spec import register_arch
 from vitlab.models.vit import make_blocks
 
 _CAIT = dict(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False,
@@ -132,3 +133,6 @@ class Cait(ResizableInput, VitlabModel):
             return []
         offset = len(self.blocks) - len(self.blocks_token_only)
         return [(rf"^blocks_token_only\.{j}\.", (offset + j,)) for j in range(len(self.blocks_token_only))]
+
+
+register_arch("cait", Cait)

@@ -28,6 +28,7 @@ from vitlab.models.base import FlopRow, VitlabModel, head_linear, init_vit_weigh
 from vitlab.models.config import ModelConfig
 from vitlab.models.input_size import ResizableInput, is_grid
 from vitlab.models.pretrained_cfg import build_pretrained_cfg, set_pretrained_cfg
+from vitlab.models.spec import register_arch
 
 # a leaf of torch.fx graphs: traced with dynamic_img_size, RoPE is built for each input's grid at run time
 torch.fx.wrap("layout_rope")
@@ -201,3 +202,6 @@ class VisionTransformer(ResizableInput, VitlabModel):
 
     def _token_layout(self) -> tuple[int, int]:
         return self.num_front, self.num_end
+
+
+register_arch("vit", VisionTransformer)

@@ -23,7 +23,8 @@ from vitlab.checkpoint import CONFIG
 from vitlab.data.catalog import dataset_info
 from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
-from vitlab.models.registry import TIMM_PREFIX, ModelSpec, is_timm
+from vitlab.models.registry import resolve_spec
+from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
 from vitlab.train.distributed import DistContext
 from vitlab.train.lock import check_free
 from vitlab.train.tracking import check_logger
@@ -301,11 +302,11 @@ def resolve_run_model(cfg: RunConfig) -> RunModel:
     name, overrides = cfg.model, dict(cfg.model_overrides)
     if is_timm(name):
         img_size, in_chans = _timm_input(name[len(TIMM_PREFIX):], overrides, cfg.dataset)
-        spec = ModelSpec.of(name, **{**overrides, "img_size": img_size, "in_chans": in_chans})
+        spec = resolve_spec(name, **{**overrides, "img_size": img_size, "in_chans": in_chans})
         return RunModel(spec, overrides, img_size, in_chans)
     # the user's options checked as they stand, as vitlab.create_model checks them (a num_classes option too; the
     # data's count wins, spec_for); then the data set's defaults where the user set nothing
-    spec = ModelSpec.of(name, **overrides)
+    spec = resolve_spec(name, **overrides)
     if spec.config.arch == "vit":
         defaults = {k: v for k, v in model_defaults(cfg.dataset).items() if k not in overrides}
         overrides = {**defaults, **overrides}

@@ -1,5 +1,5 @@
 """The model of a training run, built once (:func:`build_run_model`) from the
-:class:`~vitlab.models.registry.ModelSpec` its config resolved (:func:`vitlab.train.config.resolve_run_model`):
+:class:`~vitlab.models.spec.ModelSpec` its config resolved (:func:`vitlab.train.config.resolve_run_model`):
 its initial weights (:func:`load_init`) and its cost per image.
 
 The run builds its model once, from that spec (``ModelSpec.build``, the road every model takes), and the model
