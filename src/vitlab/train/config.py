@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import re
 import time
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +24,7 @@ from vitlab.models.registry import resolve_spec
 from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
 from vitlab.train.distributed import DistContext
 from vitlab.train.lock import check_free
+from vitlab.train.options import coerce_value
 from vitlab.train.tracking import check_logger
 
 __all__ = ["AUGMENT_DEFAULTS", "NO_AUGMENT", "RunConfig", "RunModel", "canonical_dataset", "coerce", "for_data",
@@ -338,61 +336,9 @@ def _timm_default_size(name: str) -> int:
         return 224
 
 
-_YAML_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
-
-
-def numeric(value: Any) -> Any:
-    """``value`` with the exponent numbers YAML 1.1 reads as strings (``1e-4``, ``5E3``) made floats.
-
-    Other strings stay strings, so a quoted ``"8"`` is validated (and refused) as the string it is."""
-    if isinstance(value, str) and _YAML_EXPONENT.match(value.strip()):
-        return float(value)
-    return value
-
-
 def _type_of(name: str) -> Any:
     hints = typing.get_type_hints(RunConfig)
     return hints[name]
-
-
-def _coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
-    is_union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
-    args = typing.get_args(tp) if is_union else ()
-    if value is None:
-        if type(None) in args:
-            return None
-        raise ConfigError(f"{source}: {key} cannot be empty; give a value or remove the key")
-    base = next(a for a in args if a is not type(None)) if is_union else tp
-    origin = typing.get_origin(base) or base
-    bad = ConfigError(f"{source}: {key} must be {getattr(origin, '__name__', origin)}, got {value!r}")
-    if origin in (int, float):
-        value = numeric(value)
-    if origin is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if origin is int:
-        if isinstance(value, bool) or not isinstance(value, int | float) or (
-                isinstance(value, float) and not value.is_integer()):
-            raise bad
-        return int(value)
-    if origin is float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
-        return float(value)
-    if origin is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if origin is tuple:
-        if not isinstance(value, list | tuple) or len(value) != 2:
-            raise ConfigError(f"{source}: {key} must be two numbers, got {value!r}")
-        return tuple(float(_coerce_value(key, v, float, source)) for v in value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return {k: numeric(v) for k, v in value.items()}
-    return value
 
 
 def coerce(d: dict[str, Any], source: str) -> dict[str, Any]:
@@ -405,7 +351,7 @@ def coerce(d: dict[str, Any], source: str) -> dict[str, Any]:
             close = difflib.get_close_matches(key, names, n=2)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"{source}: unknown option {raw_key!r}{hint}; valid options: {', '.join(names)}")
-        out[key] = _coerce_value(key, value, _type_of(key), source)
+        out[key] = coerce_value(key, value, _type_of(key), source)
     return out
 
 

@@ -10,13 +10,66 @@ and where only the type is known (a sweep's values) by :func:`coerce_to`.
 
 from __future__ import annotations
 
+import math
+import re
 import types
 import typing
 from collections.abc import Iterable
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.train.config import _coerce_value, numeric
+
+_YAML_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def numeric(value: Any) -> Any:
+    """``value`` with the exponent numbers YAML 1.1 reads as strings (``1e-4``, ``5E3``) made floats.
+
+    Other strings stay strings, so a quoted ``"8"`` is validated (and refused) as the string it is."""
+    if isinstance(value, str) and _YAML_EXPONENT.match(value.strip()):
+        return float(value)
+    return value
+
+
+def coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
+    is_union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+    args = typing.get_args(tp) if is_union else ()
+    if value is None:
+        if type(None) in args:
+            return None
+        raise ConfigError(f"{source}: {key} cannot be empty; give a value or remove the key")
+    base = next(a for a in args if a is not type(None)) if is_union else tp
+    origin = typing.get_origin(base) or base
+    bad = ConfigError(f"{source}: {key} must be {getattr(origin, '__name__', origin)}, got {value!r}")
+    if origin in (int, float):
+        value = numeric(value)
+    if origin is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if origin is int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise bad
+        return int(value)
+    if origin is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
+        return float(value)
+    if origin is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise ConfigError(f"{source}: {key} must be two numbers, got {value!r}")
+        return tuple(float(coerce_value(key, v, float, source)) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return {k: numeric(v) for k, v in value.items()}
+    return value
+
 
 # Run options that do not change what a run computes, only where and how it runs, is shown or is tracked. A study
 # reads a finished run back whatever these say, and `vitlab train --resume` may change them (resume.py adds what a
@@ -63,4 +116,4 @@ def coerce_to(name: str, value: Any, tp: Any, source: str) -> Any:
         type(None) in typing.get_args(tp)
     if optional and isinstance(value, str) and value.lower() == "none":
         return None
-    return _coerce_value(name, value, tp, source)
+    return coerce_value(name, value, tp, source)
