@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from vitlab.atomic import atomic_path
+from vitlab.catalog import CATALOG
 from vitlab.data import DataSplit
-from vitlab.data.catalog import CATALOG
 from vitlab.models import create_model
 from vitlab.perf import cpu_model
 from vitlab.train.batches import BatchPipeline

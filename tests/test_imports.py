@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitlab"
 
 # rank of each top-level part: a module may import its own part and parts of a lower or equal rank, never higher
 LAYERS: dict[str, int] = {
-    "errors": 0, "atomic": 0, "version": 0, "slice_rng": 0,
+    "errors": 0, "atomic": 0, "version": 0, "slice_rng": 0, "catalog": 0,
     "layers": 1,
     "models": 2,
     "flops": 3, "analysis": 3, "data": 3, "perf": 3, "checkpoint": 3,

@@ -258,8 +258,8 @@ def test_val_split_summary_keeps_its_documented_keys(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ the dataset table
 
 def test_every_dataset_fact_is_read_from_the_catalog() -> None:
+    from vitlab.catalog import CATALOG
     from vitlab.data import DATASETS, dataset_stats
-    from vitlab.data.catalog import CATALOG
     from vitlab.data.reference import REFERENCE_ACCURACY, TRAIN_SIZES
     from vitlab.models.pretrained_cfg import PRESET_STATS
     from vitlab.train import config, run_model

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitlab.data.catalog import CATALOG, DATASET_ALIASES
+from vitlab.catalog import CATALOG, DATASET_ALIASES
 from vitlab.data.idx import find_idx_files, load_idx_split
 from vitlab.data.images import IMAGE_EXTENSIONS, load_image, prepare_images
 from vitlab.errors import DataError

@@ -9,7 +9,7 @@ entry (CIFAR, image folders) are not checked.
 
 from __future__ import annotations
 
-from vitlab.data.catalog import CATALOG
+from vitlab.catalog import CATALOG
 
 REFERENCE_ACCURACY: dict[str, float] = {n: d.reference_acc for n, d in CATALOG.items() if d.reference_acc}
 UNDERTRAINED_MARGIN = 0.05  # five points of accuracy

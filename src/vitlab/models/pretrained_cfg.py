@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from vitlab.data.catalog import CATALOG
+from vitlab.catalog import CATALOG
 from vitlab.models.config import ModelConfig
 
 Stats = tuple[tuple[float, ...], tuple[float, ...]]

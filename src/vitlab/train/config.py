@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab.catalog import dataset_info
 from vitlab.checkpoint import CONFIG
-from vitlab.data.catalog import dataset_info
 from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
 from vitlab.models.registry import resolve_spec
@@ -46,7 +46,7 @@ SIZE_DEFAULTS: list[tuple[int, dict[str, Any]]] = [
                    label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
 ]
 
-# Augmentation by kind of image (each data set's kind is in vitlab.data.catalog): digits must not be flipped;
+# Augmentation by kind of image (each data set's kind is in vitlab.catalog): digits must not be flipped;
 # natural images are flipped and shifted; clothing (Fashion-MNIST: centred, upright, mirror-symmetric garments) is
 # flipped and shifted a little, never rotated or sheared: a rotated shirt or a sheared shoe is not a garment of the
 # data set.
@@ -314,7 +314,7 @@ def resolve_run_model(cfg: RunConfig) -> RunModel:
 
 def _timm_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:
     """(img_size, in_chans) a timm model is created for: the options, else the data set's native shape
-    (vitlab.data.catalog), else timm's default size and 3 channels."""
+    (vitlab.catalog), else timm's default size and 3 channels."""
     info = dataset_info(dataset)
     img_size = overrides.get("img_size", info.img_size if info else None)
     in_chans = overrides.get("in_chans", (info.in_chans if info else None) or 3)
