@@ -18,6 +18,8 @@ ATTNS = ("mhsa", "talking_heads", "reattention")
 POOLS = ("token", "avg")
 STEMS = ("patch", "conv")
 REG_POSITIONS = ("front", "end")
+ROPE_LAYOUTS = ("halves", "vit5")
+DROP_RATE_AT = ("all", "head")
 WEIGHT_INITS = ("trunc_normal", "xavier")
 
 
@@ -52,6 +54,9 @@ class ModelConfig:
     rope: bool = False  # 2-D RoPE on patch tokens (and registers at the end)
     rope_theta: float = 10000.0
     reg_rope_theta: float = 100.0
+    # halves: pairs (i, i + d/2), column angle first | vit5: the ViT-5 code's adjacent pairs (2i, 2i+1), row angle
+    # first, and its register rule (a square count, rotated on their own grid whenever there are registers)
+    rope_layout: str = "halves"
     gate: str = "none"  # none | layerscale | rezero | skipinit | scalar | fixup | tfixup (arch 'vit')
     init_values: float | None = None  # gate init (LayerScale / small-eps scalar)
     norm: str = "layernorm"  # layernorm | rmsnorm
@@ -61,11 +66,14 @@ class ModelConfig:
     reg_position: str = "front"  # front: after the class token (timm) | end: after the patches (ViT-5)
     pos_embed: str = "learned"  # learned | sincos1d | sincos2d | none
     pos_embed_cls: bool = True  # position slots for the prefix tokens too (timm's no_embed_class=False)
+    pos_resample_antialias: bool = True  # learned table to another grid: antialiased bicubic (timm) | plain (ViT-5)
+    token_init_std: float | None = None  # class/register tokens: None N(0, 1e-6) (timm) | trunc-normal, this std
     global_pool: str = "token"  # token | avg
     fc_norm: bool | None = None  # None: as timm, norm after pooling when global_pool='avg'
     stem: str = "patch"  # patch | conv (DeepViT's convolutional stem)
     weight_init: str = "trunc_normal"  # linears: trunc_normal (timm's std 0.02) | xavier (uniform, not the head)
     drop_rate: float = 0.0
+    drop_rate_at: str = "all"  # all: timm's places (tokens, projections, MLP, head) | head: before the head only
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
     drop_path_rule: str = "linear"  # linear | uniform
@@ -73,6 +81,12 @@ class ModelConfig:
     mlp_ratio_token_only: float = 4.0
     dynamic_img_size: bool = False  # forward takes any H, W multiple of the patch; positions follow that grid
     dynamic_img_pad: bool = False  # pad the right/bottom edge to a multiple of the patch (needs dynamic_img_size)
+
+    @property
+    def rotates(self) -> bool:
+        """Whether the model applies RoPE: ``rope``, or registers under the ViT-5 layout (rotated on their own grid
+        even without patch RoPE, as the ViT-5 code does)."""
+        return self.rope or (self.rope_layout == "vit5" and self.reg_tokens > 0)
 
     def gate_init_value(self) -> float | None:
         """The gate init the model is built with: ``init_values`` when set, else CaiT's depth rule at ``depth``
@@ -119,6 +133,8 @@ class ModelConfig:
         _choice("reg_position", self.reg_position, REG_POSITIONS)
         _choice("reattn_norm", self.reattn_norm, REATTN_NORMS)
         _choice("drop_path_rule", self.drop_path_rule, DROP_PATH_RULES)
+        _choice("rope_layout", self.rope_layout, ROPE_LAYOUTS)
+        _choice("drop_rate_at", self.drop_rate_at, DROP_RATE_AT)
         _check_types(self)
         for key in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             v = getattr(self, key)
@@ -151,11 +167,20 @@ class ModelConfig:
             ok = [h for h in range(1, min(self.embed_dim, 32) + 1) if self.embed_dim % h == 0]
             raise ConfigError(f"num_heads {self.num_heads} does not divide embed_dim {self.embed_dim}; pick "
                               f"num_heads from {ok} or an embed_dim that is a multiple of {self.num_heads}")
-        if self.rope and (self.embed_dim // self.num_heads) % 4:
-            raise ConfigError(f"rope=True needs a head dim divisible by 4, got {self.embed_dim // self.num_heads}"
-                              f"; change embed_dim/num_heads or set rope=False")
-        if self.rope and self.attn == "reattention":
-            raise ConfigError("rope=True is not supported with attn='reattention'; use attn='mhsa'")
+        if self.rope_layout == "vit5" and self.reg_tokens:
+            side = math.isqrt(self.reg_tokens)
+            if side * side != self.reg_tokens or self.reg_position != "end":
+                raise ConfigError(f"rope_layout='vit5' rotates the registers on a square grid after the patches; use "
+                                  f"a square reg_tokens (1, 4, 9, ...; got {self.reg_tokens}) with reg_position='end' "
+                                  f"(got {self.reg_position!r}), or rope_layout='halves'")
+        if self.rotates and (self.embed_dim // self.num_heads) % 4:
+            raise ConfigError(f"RoPE needs a head dim divisible by 4, got {self.embed_dim // self.num_heads}"
+                              f"; change embed_dim/num_heads or set rope=False (and rope_layout='halves')")
+        if self.rotates and self.attn == "reattention":
+            raise ConfigError("RoPE is not supported with attn='reattention'; use attn='mhsa' (or rope=False and "
+                              "rope_layout='halves')")
+        if self.token_init_std is not None and not self.token_init_std > 0:
+            raise ConfigError(f"token_init_std must be > 0 (e.g. 0.02) or None, got {self.token_init_std}")
         if self.qk_norm and self.attn == "reattention":
             raise ConfigError("qk_norm=True is not supported with attn='reattention' (its blocks have no QK-norm); "
                               "set qk_norm=False or use attn='mhsa'")
@@ -195,10 +220,10 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 _INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
          "depth_token_only", "reattn_last")
 _BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm",
-          "dynamic_img_size", "dynamic_img_pad")
+          "dynamic_img_size", "dynamic_img_pad", "pos_resample_antialias")
 _FLOATS = ("mlp_ratio", "rope_theta", "reg_rope_theta", "init_values", "drop_rate", "attn_drop_rate",
-           "drop_path_rate", "mlp_ratio_token_only")
-_OPTIONAL = ("reattn_last", "fc_norm", "init_values")
+           "drop_path_rate", "mlp_ratio_token_only", "token_init_std")
+_OPTIONAL = ("reattn_last", "fc_norm", "init_values", "token_init_std")
 
 
 def _check_types(cfg: ModelConfig) -> None:
