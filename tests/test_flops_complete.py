@@ -23,6 +23,15 @@ def _variants() -> list[tuple[str, dict]]:
         out += [("deepvit_s", dict(gate=gate)), ("deepvit_16b", dict(gate=gate)), ("vit5_small", dict(gate=gate))]
         if gate not in FIXUP_GATES:  # Fixup and T-Fixup initialise a ViT only (a ConfigError for CaiT)
             out += [("cait_xxs24", dict(gate=gate, attn=attn)) for attn in ("talking_heads", "mhsa")]
+    # block layouts, NormFormer's norms, sigma-Reparam and the depth-muP gate (ViT only), alone and combined
+    for block in ("prenorm", "postnorm", "deepnorm", "parallel"):
+        out += [("vit_mnist", dict(block=block)),
+                ("vit_mnist", dict(block=block, gate="layerscale", sigma_reparam=True)),
+                ("vit_mnist", dict(block=block, gate="depth_mup", mlp="swiglu", reg_tokens=2, rope=True))]
+    out += [("vit_mnist", dict(scale_attn_norm=True, scale_mlp_norm=True)),
+            ("vit_mnist", dict(scale_attn_norm=True, scale_mlp_norm=True, mlp="swiglu", block="deepnorm")),
+            ("vit_mnist", dict(sigma_reparam=True, attn="talking_heads")),
+            ("deepvit_s", dict(sigma_reparam=True, scale_mlp_norm=True, gate="depth_mup"))]
     return out
 
 

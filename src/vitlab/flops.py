@@ -22,6 +22,7 @@ from vitlab.layers import (
     ClassAttention,
     ClassAttentionBlock,
     ConvStem,
+    DepthScale,
     LayerScale,
     Mlp,
     PatchEmbed,
@@ -34,7 +35,7 @@ from vitlab.layers.fixup import FixupGate
 from vitlab.models.base import FlopRow, VitlabModel, module_flops
 
 TYPES = ("patch_embed", "attention", "reattention", "class_attention", "mlp", "norm", "layerscale", "gate",
-         "head", "pos_embed", "tokens")
+         "block_other", "head", "pos_embed", "tokens")  # block_other: sigma-Reparam's weight work, DeepNorm's alpha
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ def module_type(module: nn.Module, name: str = "") -> str:
     """The summary type of an arithmetic module."""
     kinds = ((PatchEmbed, "patch_embed"), (ConvStem, "patch_embed"), (ReAttention, "reattention"),
              (ClassAttention, "class_attention"), (Attention, "attention"), (Mlp, "mlp"), (SwiGLU, "mlp"),
-             (LayerScale, "layerscale"), (ScalarGate, "gate"), (FixupGate, "gate"), (nn.LayerNorm, "norm"),
-             (nn.RMSNorm, "norm"))
+             (LayerScale, "layerscale"), (ScalarGate, "gate"), (FixupGate, "gate"), (DepthScale, "gate"),
+             (nn.LayerNorm, "norm"), (nn.RMSNorm, "norm"))
     for cls, kind in kinds:
         if isinstance(module, cls):
             return kind
@@ -124,7 +125,7 @@ def _gate(block: ResidualGates, i: int, name: str, tokens: int) -> Iterator[Flop
     gate = getattr(block, f"ls{i}")
     if isinstance(gate, LayerScale):
         yield _entry(f"{name}.ls{i}", gate, tokens)
-    elif isinstance(gate, ScalarGate | FixupGate):  # one scalar times every element of the branch (Fixup: + a bias)
+    elif isinstance(gate, ScalarGate | FixupGate | DepthScale):  # a scalar times every element (Fixup: + a bias)
         yield FlopEntry(f"{name}.ls{i}", "gate", type(gate).__name__, _params(gate), tokens, tokens * block.dim, 0)
     elif _params(gate):
         raise TypeError(f"no FLOP rule for the {type(gate).__name__} gate {name}.ls{i}")
@@ -145,6 +146,9 @@ def _expand(row: FlopRow) -> Iterator[FlopEntry]:
         module = getattr(block, part)
         if hasattr(module, "flop_count"):  # ReZero's Identity norms cost nothing
             yield _entry(f"{name}.{part}", module, tokens, **kwargs)
+    other = block.extra_flops(t) if hasattr(block, "extra_flops") else 0
+    if other:  # no parameters of its own: sigma-Reparam's gammas stay with their layers' rows
+        yield FlopEntry(f"{name}.other", "block_other", type(block).__name__, 0, t, other, 0)
 
 
 def summarize(model: VitlabModel) -> FlopSummary:

@@ -10,7 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.layers import DROP_PATH_RULES, GATES, MLPS, NORMS, POS_EMBEDS, REATTN_NORMS, cait_init_value
+from vitlab.layers import (
+    BLOCKS,
+    DEPTH_GATES,
+    DROP_PATH_RULES,
+    GATES,
+    MLPS,
+    NORMS,
+    POS_EMBEDS,
+    REATTN_NORMS,
+    cait_init_value,
+)
 from vitlab.layers.fixup import FIXUP_GATES
 
 ARCHS = ("vit", "cait")
@@ -57,7 +67,11 @@ class ModelConfig:
     # halves: pairs (i, i + d/2), column angle first | vit5: the ViT-5 code's adjacent pairs (2i, 2i+1), row angle
     # first, and its register rule (a square count, rotated on their own grid whenever there are registers)
     rope_layout: str = "halves"
-    gate: str = "none"  # none | layerscale | rezero | skipinit | scalar | fixup | tfixup (arch 'vit')
+    gate: str = "none"  # none | layerscale | rezero | skipinit | scalar | depth_mup | fixup | tfixup (the last 3: vit)
+    block: str = "prenorm"  # prenorm | postnorm | deepnorm | parallel (arch 'vit'; vitlab.layers.block_variants)
+    scale_attn_norm: bool = False  # timm's name: a norm before attn.proj (NormFormer's attention norm)
+    scale_mlp_norm: bool = False  # timm's name: a norm after the MLP's activation (NormFormer's FFN norm)
+    sigma_reparam: bool = False  # sigma-Reparam (Zhai et al. 2023) on the blocks' linear layers (arch 'vit')
     init_values: float | None = None  # gate init (LayerScale / small-eps scalar)
     norm: str = "layernorm"  # layernorm | rmsnorm
     mlp: str = "gelu"  # gelu | swiglu
@@ -123,7 +137,8 @@ class ModelConfig:
         """Raise :class:`ConfigError` naming the fix for any impossible combination."""
         _choice("arch", self.arch, ARCHS)
         _choice("attn", self.attn, ATTNS)
-        _choice("gate", self.gate, GATES + FIXUP_GATES)
+        _choice("gate", self.gate, GATES + DEPTH_GATES + FIXUP_GATES)
+        _choice("block", self.block, BLOCKS)
         _choice("norm", self.norm, NORMS)
         _choice("mlp", self.mlp, MLPS)
         _choice("pos_embed", self.pos_embed, POS_EMBEDS)
@@ -199,6 +214,7 @@ class ModelConfig:
         if self.gate in FIXUP_GATES and self.arch != "vit":
             raise ConfigError(f"gate={self.gate!r} initialises a ViT's blocks and head; use a vit preset, or another "
                               f"gate ({', '.join(GATES)}) for {self.arch}")
+        _check_block_variant(self)
         if self.stem == "conv" and self.patch_size % 2:
             raise ConfigError(f"stem='conv' needs an even patch_size, got {self.patch_size}")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
@@ -208,6 +224,30 @@ class ModelConfig:
         if self.reattn_last is not None and self.reattn_last < 0:
             raise ConfigError(f"reattn_last must be >= 0 (blocks at the end with re-attention; more than depth "
                               f"means all), got {self.reattn_last}")
+
+
+def _check_block_variant(cfg: ModelConfig) -> None:
+    """The block layouts, NormFormer norms, sigma-Reparam and the depth-muP gate: ViT only, and not with the
+    norm-free gates (ReZero, Fixup, T-Fixup), whose blocks have no norms to move or add."""
+    used = [f"block={cfg.block!r}" if cfg.block != "prenorm" else "", "sigma_reparam=True" if cfg.sigma_reparam else "",
+            "gate='depth_mup'" if cfg.gate in DEPTH_GATES else "",
+            "scale_attn_norm=True" if cfg.scale_attn_norm else "", "scale_mlp_norm=True" if cfg.scale_mlp_norm else ""]
+    used = [u for u in used if u]
+    if used and cfg.arch != "vit":
+        raise ConfigError(f"{', '.join(used)} builds ViT blocks; use a vit preset (or the defaults block='prenorm', "
+                          f"no scale norms, sigma_reparam=False and another gate for {cfg.arch})")
+    if cfg.block != "prenorm" and cfg.gate in ("rezero", *FIXUP_GATES):
+        raise ConfigError(f"block={cfg.block!r} places norms that gate={cfg.gate!r} removes; use gate none, "
+                          f"layerscale, skipinit, scalar or depth_mup, or block='prenorm'")
+    if cfg.sigma_reparam and cfg.gate in FIXUP_GATES:
+        raise ConfigError(f"sigma_reparam=True rescales the weights that gate={cfg.gate!r} initialises; use one "
+                          f"of the two")
+    norms = [k for k in ("scale_attn_norm", "scale_mlp_norm") if getattr(cfg, k)]
+    if norms and cfg.block == "parallel":
+        raise ConfigError(f"{' and '.join(norms)} with block='parallel': the parallel block (timm's "
+                          f"ParallelScalingBlock) has no such norms; set them False or use block='prenorm'")
+    if cfg.scale_attn_norm and cfg.attn == "reattention":
+        raise ConfigError("scale_attn_norm=True is not supported with attn='reattention'; use attn='mhsa'")
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -220,7 +260,8 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 _INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
          "depth_token_only", "reattn_last")
 _BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm",
-          "dynamic_img_size", "dynamic_img_pad", "pos_resample_antialias")
+          "dynamic_img_size", "dynamic_img_pad", "pos_resample_antialias", "scale_attn_norm", "scale_mlp_norm",
+          "sigma_reparam")
 _FLOATS = ("mlp_ratio", "rope_theta", "reg_rope_theta", "init_values", "drop_rate", "attn_drop_rate",
            "drop_path_rate", "mlp_ratio_token_only", "token_init_std")
 _OPTIONAL = ("reattn_last", "fc_norm", "init_values", "token_init_std")
