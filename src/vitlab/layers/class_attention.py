@@ -35,7 +35,9 @@ class ClassAttention(AttentionBase):
         k = self.k(x).reshape(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d)
         v = self.v(x).reshape(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         if self.recording:
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, 1, T)
+            attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, 1, T)
+            self._record_logits(attn)
+            attn = attn.softmax(dim=-1)
             self._record(attn)
             x_cls = self.attn_drop(attn) @ v
         else:

@@ -59,7 +59,9 @@ class ReAttention(AttentionBase):
         B, T, C = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, d)
-        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
+        attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
+        self._record_logits(attn)
+        attn = attn.softmax(dim=-1)
         self._record_pre_mix(attn)
         attn = self.attn_drop(attn)  # on the softmax maps, before the head mix, as both reference codes do
         attn = torch.einsum("bhij,hg->bgij", attn, self.reattn_weights)

@@ -1,0 +1,132 @@
+"""Known-answer tests of the per-layer probes (vitlab.analysis.probes) and of model.probe on small models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vitlab.analysis import probes
+from vitlab.errors import ConfigError
+
+
+def test_identical_tokens_are_collapsed():
+    x = torch.randn(1, 1, 8).expand(2, 5, 8)
+    assert torch.allclose(probes.token_similarity(x), torch.ones(2))
+    assert torch.allclose(probes.rank_residual(x), torch.zeros(2), atol=1e-6)
+    assert torch.equal(probes.effective_rank(x), torch.zeros(2))  # centred: no spread at all
+    assert torch.allclose(probes.effective_rank(x, centre=False), torch.ones(2), atol=1e-5)
+
+
+def test_orthogonal_tokens():
+    n = 6
+    x = 3.0 * torch.eye(n).unsqueeze(0)  # n orthogonal tokens of equal norm
+    assert torch.allclose(probes.token_similarity(x), torch.zeros(1), atol=1e-6)
+    assert torch.allclose(probes.effective_rank(x, centre=False), torch.tensor([float(n)]), atol=1e-4)
+    # centred, the n tokens span n - 1 equal directions; the residual is sqrt((n - 1) / n)
+    assert torch.allclose(probes.effective_rank(x), torch.tensor([float(n - 1)]), atol=1e-4)
+    assert torch.allclose(probes.rank_residual(x), torch.tensor([math.sqrt((n - 1) / n)]), atol=1e-6)
+
+
+def test_effective_rank_counts_equal_directions_around_any_mean():
+    e = torch.eye(5)
+    x = torch.stack([e[0], -e[0], e[1], -e[1], 2 * e[2], -2 * e[2]]) + torch.randn(5)  # 3 directions, unequal
+    r = float(probes.effective_rank(x))
+    s = torch.tensor([math.sqrt(2), math.sqrt(2), 2 * math.sqrt(2)])
+    p = s / s.sum()
+    assert r == pytest.approx(float((-(p * p.log()).sum()).exp()), rel=1e-4)
+    y = torch.stack([e[0], -e[0], e[1], -e[1]]) + 7.0
+    assert float(probes.effective_rank(y)) == pytest.approx(2.0, rel=1e-5)
+
+
+def test_planted_high_norm_token_is_found():
+    torch.manual_seed(0)
+    x = torch.randn(3, 49, 16)
+    x[1, 17] *= 30.0
+    mask = probes.outlier_mask(probes.token_norms(x))
+    assert mask.sum() == 1 and bool(mask[1, 17])
+    # identical norms flag nothing; one larger norm among them is flagged
+    same = torch.ones(1, 10)
+    assert not probes.outlier_mask(same).any()
+    same[0, 3] = 1.5
+    assert probes.outlier_mask(same)[0].nonzero().flatten().tolist() == [3]
+    with pytest.raises(ConfigError, match="k must be > 0"):
+        probes.outlier_mask(same, k=0)
+
+
+def test_uniform_attention_entropy_and_mass():
+    T = 7
+    attn = torch.full((2, 3, T, T), 1.0 / T)
+    assert torch.allclose(probes.head_entropy(attn), torch.full((2, 3), math.log(T)))
+    keys = torch.zeros(T, dtype=torch.bool)
+    keys[[2, 5]] = True
+    assert torch.allclose(probes.attention_mass(attn, keys), torch.full((2,), 2 / T))
+    one_hot = torch.zeros(1, 1, T, T)
+    one_hot[..., 2] = 1.0
+    assert torch.allclose(probes.head_entropy(one_hot), torch.zeros(1, 1), atol=1e-6)
+    assert float(probes.attention_mass(one_hot, keys, query=0)) == pytest.approx(1.0)
+
+
+def _tiny(**over):
+    from vitlab.models import create_model
+
+    opts = dict(img_size=16, patch_size=4, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=2)
+    opts.update(over)
+    return create_model("vit_mnist", **opts)
+
+
+def test_known_max_logit_from_planted_queries_and_keys():
+    from vitlab.layers.attention import Attention, record_logits
+
+    attn = Attention(8, num_heads=2, qkv_bias=False)
+    with torch.no_grad():
+        attn.qkv.weight.zero_()
+        attn.qkv.weight[:8] = torch.eye(8)  # q = x
+        attn.qkv.weight[8:16] = torch.eye(8)  # k = x
+    x = torch.zeros(1, 3, 8)
+    x[0, 0, :4] = 2.0  # head 0: q.k of token 0 with itself = 4 * 4 = 16, scaled by 4 ** -0.5
+    with torch.no_grad(), record_logits([attn]) as logits:
+        attn(x)
+    assert probes.max_logit(logits[0]) == pytest.approx(16 / 2)
+    assert attn._logits is None  # the recorder is detached again
+
+
+def test_model_probe_per_layer_and_mode_restored():
+    torch.manual_seed(0)
+    model = _tiny(reg_tokens=2).train()
+    x = torch.randn(5, 1, 16, 16)
+    p = model.probe(x)
+    assert model.training and all(m.training for m in model.modules())
+    assert p.layers == [0, 1] and p.num_images == 5
+    assert p.token_norms.shape == (2, 5, 16)  # patches only: class and register tokens excluded
+    for name in probes.PROBES:
+        assert len(getattr(p, name)) == 2
+    assert all(len(e) == 2 for e in p.attn_entropy)
+    assert all(0 < e <= math.log(1 + 2 + 16) + 1e-5 for ents in p.attn_entropy for e in ents)
+    assert all(0 <= m <= 1 for m in p.register_mass_cls + p.register_mass_all)
+    # the max logit matches one recomputed from the block's own q and k
+    from vitlab.layers.attention import record_logits
+
+    with torch.no_grad(), record_logits(model.blocks[0].modules()) as logits:
+        model.eval()(x)
+    assert p.max_logit[0] == pytest.approx(float(logits[0].max()), rel=1e-5)
+    cols = p.columns()
+    assert cols["probe/max_logit/block1"] == pytest.approx(p.max_logit[1])
+    assert len(p.rows()) == 2 and {"norm_q50", "norm_max", "attn_entropy_min_head"} <= set(p.rows()[0])
+
+
+def test_probe_without_class_token_or_registers_reports_nan_masses():
+    model = _tiny(class_token=False, global_pool="avg")
+    p = model.probe(torch.randn(2, 1, 16, 16))
+    assert all(math.isnan(v) for v in p.artifact_mass_cls + p.register_mass_all)
+    assert all(math.isfinite(v) for v in p.artifact_mass_all + p.token_similarity)
+
+
+def test_probe_batches_agree_with_one_pass():
+    torch.manual_seed(1)
+    model = _tiny()
+    x = torch.randn(6, 1, 16, 16)
+    a, b = model.probe(x, batch_size=6), model.probe(x, batch_size=4)
+    for name in ("token_similarity", "effective_rank", "rank_residual", "artifact_count", "max_logit"):
+        assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-4, abs=1e-6)
