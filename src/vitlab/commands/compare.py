@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.commands.options import base_run_config, command_line
+    from vitlab.commands.options import base_run_config, command_line, executor_config
     from vitlab.errors import ConfigError
     from vitlab.experiments.compare import (
         CompareConfig,
@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             get_config(m, **sets[m])
     items = entries(models, sets, parse_pretrained(args.pretrained, models))
     result = run_compare(CompareConfig(items, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
-                                       command_line(args), args.logger, models, finished_only=args.finished_only))
+                                       command_line(args), args.logger, models, finished_only=args.finished_only,
+                                       executor=executor_config(args)))
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
         print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "

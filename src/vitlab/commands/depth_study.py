@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import math
     import sys
 
-    from vitlab.commands.options import base_run_config, command_line
+    from vitlab.commands.options import base_run_config, command_line, executor_config
     from vitlab.experiments.depth_study import (
         DepthStudyConfig,
         check_depth_study,
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     config = DepthStudyConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants),
                               base_run_config(args, dataset=args.dataset), args.output, args.seeds, args.num_images,
                               args.threshold, parse_set(args.set), args.analyze_runs, command_line(args), args.logger,
-                              finished_only=args.finished_only)
+                              finished_only=args.finished_only, executor=executor_config(args))
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

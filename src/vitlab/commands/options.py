@@ -79,6 +79,37 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--finished-only", action="store_true",
                    help="train nothing: read back the runs already finished in --output and write the tables and "
                         "figures from them (a study split over processes or sessions)")
+    add_executor_options(p)
+
+
+def add_executor_options(p: argparse.ArgumentParser) -> None:
+    """Where a study's runs train (:mod:`vitlab.experiments.executors`)."""
+    g = p.add_argument_group("where the runs train (docs/experiments.md, 'Running a study on many workers')")
+    g.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: worker processes on this machine (default); ray: each run a Ray task on the cluster "
+                        "of --address (pip install 'vitlab[ray]')")
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="--executor local: runs trained at once, each in its own process with cores/N threads "
+                        "(1: one after another in this process; default: one per core for small models on the CPU, "
+                        "else 1)")
+    g.add_argument("--address", default=None, metavar="HOST:PORT",
+                   help="--executor ray: the cluster's address (default: RAY_ADDRESS, else a Ray instance started "
+                        "on this machine)")
+    g.add_argument("--gpus-per-run", type=float, default=None, metavar="F",
+                   help="--executor ray: the share of a GPU each run asks for, e.g. 0.25 trains four runs per card "
+                        "(default 0)")
+    g.add_argument("--retries", type=int, default=1, metavar="N",
+                   help="further attempts of a run whose worker died or that raised, before the table reports it "
+                        "failed (default 1)")
+
+
+def executor_config(args: argparse.Namespace) -> Any:
+    """The :class:`~vitlab.experiments.executors.ExecutorConfig` of the study options."""
+    from vitlab.experiments.executors import ExecutorConfig
+
+    config = ExecutorConfig(args.executor, args.workers, args.address, args.gpus_per_run or 0.0, args.retries)
+    config.validate()
+    return config
 
 
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:

@@ -73,14 +73,14 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) is not None]
     if given:
         raise ConfigError(f"{', '.join(given)} belong(s) to --search optuna; a grid takes --values only")
-    from vitlab.commands.options import base_run_config, command_line
+    from vitlab.commands.options import base_run_config, command_line, executor_config
     from vitlab.experiments.sweep import SweepConfig, parse_params, run_sweep
     from vitlab.train.options import parse_set
 
     params = parse_params(args.model, args.param or [], args.values or [])
     config = SweepConfig(args.model, params, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
                          parse_set(args.set), command_line(args, paired=("param", "values")), args.logger,
-                         finished_only=args.finished_only)
+                         finished_only=args.finished_only, executor=executor_config(args))
     result = run_sweep(config)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)

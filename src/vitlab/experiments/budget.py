@@ -40,8 +40,10 @@ def undertrained(summary: dict, cfg: Any) -> bool:
 
 
 def run_marks(summary: dict, cfg: Any) -> dict[str, bool]:
-    """The ``undertrained`` and ``diverged`` columns of one run of a study (its summary and run config)."""
-    return {"undertrained": undertrained(summary, cfg), "diverged": diverged(summary)}
+    """The ``undertrained``, ``diverged`` and ``failed`` columns of one run of a study (its summary and run config;
+    ``failed``: no result, its worker died or it raised on every attempt)."""
+    return {"undertrained": undertrained(summary, cfg), "diverged": diverged(summary),
+            "failed": bool(summary.get("failed"))}
 
 
 def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | None = None) -> str | None:

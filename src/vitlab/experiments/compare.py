@@ -182,7 +182,8 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], out: Path) -> list[dict[str, 
                "seed": spec.info["seed"]}
         row.update(summary_values(summary, values))
         row["epochs"] = summary_value(summary, "epochs")
-        row["params"] = int(summary_value(summary, "params"))
+        params = summary_value(summary, "params")
+        row["params"] = int(params) if params == params else None  # None: a failed run
         macs = summary_value(summary, "macs")
         row["macs"] = int(macs) if macs == macs else None
         row["matmul_macs"] = matmul_macs(out / spec.name)
@@ -251,6 +252,7 @@ class CompareConfig:
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
     models: list[str] = field(default_factory=list)  # the --models, as given (for the report's settings)
     finished_only: bool = False  # train nothing; tables from the runs already finished
+    executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
 
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:
@@ -264,7 +266,7 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
     models = config.models or list(dict.fromkeys(e.model for e in items))
     specs = compare_specs(items, cfg, list(range(config.seeds)))
     out = check_output(config.output)
-    pairs = run_all(specs, out, title="compare", finished_only=config.finished_only)
+    pairs = run_all(specs, out, title="compare", finished_only=config.finished_only, executor=config.executor)
     meta = {"dataset": cfg.dataset, "models": models,
             "overrides": {e.model: e.overrides for e in items if e.init is None},
             "pretrained": {e.label: e.init for e in items if e.init}, "seeds": config.seeds,

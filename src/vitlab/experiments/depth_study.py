@@ -20,11 +20,12 @@ from typing import Any
 from vitlab.analysis.depth_diagnostics import DIAG_VALUES, diagnose, diagnostic_columns
 from vitlab.errors import ConfigError
 from vitlab.experiments.budget import run_marks, undertrained_warning, warning_section
-from vitlab.experiments.runs import RunSpec
+from vitlab.experiments.runs import RunSpec, failed
 from vitlab.experiments.table import aggregate_runs, has_validation, summary_values, value_columns
 from vitlab.experiments.values import split_list, unknown_option
 
 SHARED = ("img_size", "patch_size", "in_chans", "embed_dim", "num_heads", "mlp_ratio", "pos_embed")
+NO_DIAGNOSTICS: dict[str, Any] = {"residual_ratios": [], "collapse": [], "collapse_pre_mix": []}  # a failed run's
 VARIANT_KEYS = ("depth", "gate", "attn", "init_values", "depth_token_only")  # what the variants differ by
 
 
@@ -131,7 +132,7 @@ def result_row(spec: RunSpec, summary: dict, diag: dict[str, Any], validation: b
     row = {k: spec.info[k] for k in ("variant", "depth", "seed")}
     row.update(summary_values(summary, value_columns(VALUES[:3], validation)))
     cost = summary_values(summary, ("params", "macs"))
-    row["params"], row["macs"] = int(cost["params"]), int(cost["macs"])
+    row["params"], row["macs"] = (int(v) if v == v else None for v in (cost["params"], cost["macs"]))
     row.update(diagnostic_columns(diag))
     row.update(run_marks(summary, spec.config))
     row["preset"], row["overrides"], row["run"] = spec.info["preset"], spec.info["overrides"], spec.name
@@ -277,6 +278,7 @@ class DepthStudyConfig:
     command: str = ""  # the command line the report shows
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
     finished_only: bool = False  # train nothing; tables from the runs already finished
+    executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
 
 
 def variant_notes(variants: list[str]) -> list[str]:
@@ -312,7 +314,7 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     depths, variants, cfg = sorted(config.depths), config.variants, config.run
     specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared)
     out = check_output(config.output)
-    pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only)
+    pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only, executor=config.executor)
     depths = sorted({spec.info["depth"] for spec, _ in pairs})  # --finished-only: the depths that have runs
 
     _, test = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=base_model.img_size,
@@ -323,8 +325,9 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     validation = has_validation(summary for _, summary in pairs)
     for i, (spec, summary) in enumerate(pairs):
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
-        diag = diagnose(out / spec.name, test.images[:n], test.labels[:n], test.classes, mean, std,
-                        threshold=config.threshold, full_report=config.analyze_runs)
+        diag = NO_DIAGNOSTICS if failed(summary) else diagnose(
+            out / spec.name, test.images[:n], test.labels[:n], test.classes, mean, std, threshold=config.threshold,
+            full_report=config.analyze_runs)
         rows.append(result_row(spec, summary, diag, validation))
         ratios, layers = per_layer_rows(spec, diag)
         ratio_rows += ratios

@@ -166,15 +166,23 @@ def _duration(seconds: float) -> str:
 
 
 def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None = None, title: str = "run",
-            finished_only: bool = False) -> list[tuple[RunSpec, dict]]:
-    """Run (or read back) every spec in order; returns ``(spec, summary)`` pairs. ``finished_only`` trains
-    nothing: the specs without a finished run are left out (at least one must have finished)."""
+            finished_only: bool = False, executor: Any = None) -> list[tuple[RunSpec, dict]]:
+    """Run (or read back) every spec; returns ``(spec, summary)`` pairs in ``specs`` order. ``finished_only``
+    trains nothing: the specs without a finished run are left out (at least one must have finished).
+
+    ``executor`` (:class:`vitlab.experiments.executors.ExecutorConfig`; None: one run at a time in this process)
+    says where the runs train (a ``trainer`` given with worker processes must be importable by them); each calls
+    :func:`vitlab.experiments.executors.train_task`. A run that failed on every attempt is kept in the table with
+    a ``failed`` summary (no ``summary.json``: the next invocation tries it again)."""
+    from vitlab.experiments.executors import ExecutorConfig, RunTask, open_executor, run_tasks
+
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ConfigError(f"two runs of this study share the folder name(s) {', '.join(dup)}; remove the repeated "
                           "values")
-    trainer = trainer or train_run
+    config = executor if executor is not None else ExecutorConfig(workers=1)
+    config.validate()
     if finished_only:
         finished = {s.name for s in specs if read_summary(out_dir / s.name) is not None}
         left = [s for s in specs if s.name not in finished]
@@ -186,19 +194,53 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
             print(f"{title}: --finished-only leaves out {len(left)} run(s) not finished yet: "
                   f"{', '.join(s.name for s in left)}", file=sys.stderr, flush=True)
     meter = Progress(len(specs), title)
-    out = []
+    summaries: dict[str, dict] = {}
+    pending = []
     for spec in specs:
-        ran_at = meter.begin(spec.name) if read_summary(out_dir / spec.name) is None else None
-        summary, ran = run_or_load(spec, out_dir, trainer)
-        acc = summary_value(summary, "test_acc")
-        note = f"test accuracy {100 * acc:.2f}%" if acc == acc else ""
-        if diverged(summary):
-            note += f" (diverged at epoch {(summary.get('diverged_at') or {}).get('epoch')})"
-        elif undertrained(summary, spec.config):
-            note += " (far below the data set's reference: under-trained)"
-        meter.end(spec.name, ran_at if ran else None, note)
-        out.append((spec, summary))
-    return out
+        done = read_summary(out_dir / spec.name)
+        if done is None:
+            pending.append(spec)
+            continue
+        changed = changed_options(spec.config, out_dir / spec.name)
+        if changed:
+            raise ConfigError(f"{out_dir / spec.name} finished with other settings ({'; '.join(changed)}); pass "
+                              "another --output for the new settings, or delete that run's folder to redo it")
+        summaries[spec.name] = done
+        meter.end(spec.name, None, _note(spec, done))
+    if pending:
+        by_name = {s.name: s for s in pending}
+        started: dict[str, float] = {}
+
+        def on_start(task: RunTask) -> None:
+            started[task.name] = meter.begin(task.name)
+
+        def on_end(task: RunTask, summary: dict, ran: bool) -> None:
+            meter.end(task.name, started.get(task.name) if ran else None, _note(by_name[task.name], summary))
+
+        pool, threads = open_executor(config, [s.config for s in pending], len(pending))
+        tasks = [RunTask(s.name, s.config.replace(threads=threads) if threads else s.config, str(out_dir / s.name),
+                         s.init, trainer) for s in pending]
+        summaries.update(run_tasks(tasks, pool, retries=config.retries, on_start=on_start, on_end=on_end))
+    return [(spec, summaries[spec.name]) for spec in specs]
+
+
+def _note(spec: RunSpec, summary: dict) -> str:
+    """The end of a run's progress line: its test accuracy and marks."""
+    if summary.get("failed"):
+        return f"failed ({summary['failed']})"
+    acc = summary_value(summary, "test_acc")
+    note = f"test accuracy {100 * acc:.2f}%" if acc == acc else ""
+    if diverged(summary):
+        note += f" (diverged at epoch {(summary.get('diverged_at') or {}).get('epoch')})"
+    elif undertrained(summary, spec.config):
+        note += " (far below the data set's reference: under-trained)"
+    return note
+
+
+def failed(summary: dict) -> bool:
+    """Whether a run of a study failed on every attempt (its worker died or it raised): no result, a row marked
+    failed."""
+    return bool(summary.get("failed"))
 
 
 def track_study(out: Path, logger: str, pairs: Sequence[tuple[RunSpec, dict]], params: dict[str, Any]) -> None:

@@ -263,6 +263,7 @@ class SweepConfig:
     command: str = ""  # the command line the report shows
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
     finished_only: bool = False  # train nothing; tables from the runs already finished
+    executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
 
 
 def run_sweep(config: SweepConfig) -> dict[str, Any]:
@@ -278,7 +279,7 @@ def run_sweep(config: SweepConfig) -> dict[str, Any]:
     base = config.base
     specs = sweep_specs(config.model, config.params, list(range(config.seeds)), base, config.fixed)
     out = check_output(config.output)
-    pairs = run_all(specs, out, title="sweep", finished_only=config.finished_only)
+    pairs = run_all(specs, out, title="sweep", finished_only=config.finished_only, executor=config.executor)
     title = f"Sweep of {config.model} on {base.dataset}"
     meta = {"model": config.model, "dataset": base.dataset, "seeds": config.seeds, "fixed_overrides": config.fixed,
             "run_config": base.to_dict()}

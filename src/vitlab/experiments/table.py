@@ -88,11 +88,14 @@ def aggregate(rows: Sequence[dict], keys: Sequence[str], values: Sequence[str]) 
 
 def mark_groups(agg: Sequence[dict], rows: Sequence[dict], keys: Sequence[str]) -> None:
     """Set ``undertrained`` on each aggregated row of ``agg`` (grouped by ``keys``) when any of its runs is, and
-    ``diverged`` to the number of its runs that diverged."""
+    ``diverged`` (and ``failed``, when any run of the study failed) to the number of its runs that did."""
+    any_failed = any(r.get("failed", False) for r in rows)
     for a in agg:
         members = [r for r in rows if all(r[k] == a[k] for k in keys)]
         a["undertrained"] = any(r.get("undertrained", False) for r in members)
         a["diverged"] = sum(1 for r in members if r.get("diverged", False))
+        if any_failed:
+            a["failed"] = sum(1 for r in members if r.get("failed", False))
 
 
 def aggregate_runs(rows: Sequence[dict], keys: Sequence[str], values: Sequence[str],
