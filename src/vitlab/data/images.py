@@ -14,7 +14,7 @@ from torch import Tensor
 
 from vitlab.errors import DataError
 
-__all__ = ["IMAGE_EXTENSIONS", "convert_channels", "load_image", "prepare_images", "resize_images"]
+__all__ = ["IMAGE_EXTENSIONS", "convert_channels", "find_images", "load_image", "prepare_images", "resize_images"]
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}
@@ -99,6 +99,20 @@ def _pil_to_array(img, in_chans: int) -> np.ndarray:
     img = img.convert("L" if in_chans == 1 else "RGB")
     arr = np.array(img, dtype=np.uint8)  # a writable copy
     return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def find_images(folder: str | Path) -> list[Path]:
+    """The image files under ``folder`` and all its sub-folders (by suffix, :data:`IMAGE_EXTENSIONS`, any case),
+    sorted by path. Hidden files and folders (a leading dot) are skipped, and links to folders are not followed,
+    so a link cannot pull a tree in twice or loop."""
+    import os
+
+    found = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(root, f) for f in files
+                  if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_EXTENSIONS]
+    return sorted(found, key=str)
 
 
 def load_image(path: str | Path, *, img_size: int, in_chans: int) -> Tensor:
