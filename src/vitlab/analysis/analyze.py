@@ -4,7 +4,9 @@ offline ``index.html``.
 Files (all in ``out_dir``): ``collapse_similarity.{png,csv}``, ``collapse_layers.csv``,
 ``collapse_similar_blocks.png``, ``residual_ratios.{png,csv}``, ``attention_heads.png``,
 ``attention_rollout.png``, ``attention_maps.csv``, ``pos_embed_similarity.{png,csv}`` (models with an
-absolute position embedding), ``summary.json`` and ``index.html``. They are written into a hidden staging
+absolute position embedding), ``probes_layers.csv``, ``probes_heads.csv``, ``probes.png`` and
+``artifact_tokens.png`` (the per-layer probes of :mod:`vitlab.analysis.probes`), ``summary.json`` and
+``index.html``. They are written into a hidden staging
 folder and moved into place at the end, so a failed run leaves nothing behind.
 """
 
@@ -24,6 +26,7 @@ from vitlab.analysis import plots
 from vitlab.analysis.attention_maps import TokenLayout, readout_attention, readout_label
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
+from vitlab.analysis.probes import Probes, probe_model
 from vitlab.analysis.report import Section, versions, write_csv, write_json, write_report
 from vitlab.analysis.residuals import BlockRatio, stack_ratios, summarize_ratios
 from vitlab.analysis.rollout import attention_gradients, check_options, model_rollout
@@ -34,7 +37,8 @@ from vitlab.models.eval_mode import analysis_mode
 
 OUTPUTS = ("collapse_similarity.png", "collapse_similarity.csv", "collapse_layers.csv", "collapse_similar_blocks.png",
            "residual_ratios.png", "residual_ratios.csv", "attention_heads.png", "attention_rollout.png",
-           "attention_maps.csv", "pos_embed_similarity.png", "pos_embed_similarity.csv", "summary.json", "index.html")
+           "attention_maps.csv", "pos_embed_similarity.png", "pos_embed_similarity.csv", "probes_layers.csv",
+           "probes_heads.csv", "probes.png", "artifact_tokens.png", "summary.json", "index.html")
 
 
 @dataclass
@@ -50,6 +54,7 @@ class AnalysisResult:
     pos_similarity: Tensor | None  # (N, N)
     summary: dict
     files: list[str] = field(default_factory=list)
+    probes: Probes | None = None
 
 
 def attention_layer_names(model: nn.Module, count: int) -> list[str]:
@@ -262,6 +267,15 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
                        row_titles=shown, title=f"{names[layer_index]}: {label}\nand {roll_label}")
     write_csv(stage / add("attention_maps.csv"), _attention_rows(cls_attention, relevance, shown))
 
+    # per-layer probes: over-smoothing, rank collapse, artifact tokens, entropy and logits
+    probe = probe_model(model, x, batch_size=batch_size)
+    write_csv(stage / add("probes_layers.csv"), probe.rows())
+    write_csv(stage / add("probes_heads.csv"), probe.head_rows())
+    from vitlab.analysis.probe_plots import artifact_figure, probes_figure
+
+    probes_figure(probe, stage / add("probes.png"), title=f"probes per block, mean over {len(x)} images")
+    artifact_figure(display, probe, stage / add("artifact_tokens.png"), layout.grid_size, row_titles=shown)
+
     # position embedding
     pos_sim, pos_note = None, ""
     try:
@@ -293,6 +307,7 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
                     "target_class": target_class, "label": roll_label,
                     "targets": None if target is None else target.tolist()},
         "rollout_patch_mass": float(patch_mass.mean()),
+        "probes": {"artifact_k": probe.k, "layers": probe.rows()},
         "pos_embed": "drawn" if pos_sim is not None else pos_note,
         "versions": versions(),
     }
@@ -300,13 +315,14 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
     cmd = command if command is not None else f"vitlab.analysis.analyze_model({cfg.name or cfg.arch}, {len(x)} images)"
     write_report(stage, title or f"Analysis of {cfg.name or cfg.arch}", cmd,
                  _sections(groups, ratios, pos_sim is not None, pos_note, len(x), threshold, names[layer_index],
-                           float(patch_mass.mean()), label, roll_label))
+                           float(patch_mass.mean()), label, roll_label, probe))
     files.append("index.html")
-    return AnalysisResult(stage, groups, ratios, cls_attention, relevance, target, pos_sim, summary, files)
+    return AnalysisResult(stage, groups, ratios, cls_attention, relevance, target, pos_sim, summary, files, probe)
 
 
 def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bool, pos_note: str, n: int,
-              threshold: float, layer_name: str, patch_mass: float, label: str, roll_label: str) -> list[Section]:
+              threshold: float, layer_name: str, patch_mass: float, label: str, roll_label: str,
+              probe: Probes) -> list[Section]:
     collapse = ", ".join(f"{g.name}: mean similarity {g.mean_off_diagonal():.3f}, "
                          f"{int((g.similar > 0).sum())} of {len(g.layers)} layers with a similar block"
                          for g in groups)
@@ -329,6 +345,19 @@ def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bo
                 f"class token and registers): {patch_mass:.3f}.",
                 ["attention_heads.png", "attention_rollout.png"], []),
     ]
+    last = probe.rows()[-1]
+    secs.append(Section(
+        "Probes per block",
+        "Per self-attention block, over the patch tokens only (class and register tokens left out), mean over "
+        f"{n} images: token similarity (mean pairwise cosine; 1 = over-smoothed), effective rank of the centred "
+        "token matrix (Roy & Vetterli 2007) and its residual to rank one ||X - 1x^T||_F / ||X||_F (Dong et al. "
+        "2021; 0 = rank collapse), high-norm artifact tokens (norm > median + "
+        f"{probe.k:g} x 1.4826 x MAD of the image's patch norms; Darcet et al. 2024) and the attention mass "
+        "they and the register tokens receive, attention entropy per head (nats; log T when uniform) and the "
+        "max pre-softmax logit (Dehghani et al. 2023). docs/analysis.md defines each. "
+        f"Last block: similarity {last['token_similarity']:.3f}, effective rank {last['effective_rank']:.2f}, "
+        f"{last['artifact_count']:.2f} artifact tokens per image, max logit {last['max_logit']:.3g}.",
+        ["probes.png", "artifact_tokens.png"], ["probes_layers.csv"]))
     if has_pos:
         secs.append(Section("Position embedding",
                             "Cosine similarity of each patch's position embedding with every other patch's: tile "
