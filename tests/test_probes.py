@@ -130,3 +130,47 @@ def test_probe_batches_agree_with_one_pass():
     a, b = model.probe(x, batch_size=6), model.probe(x, batch_size=4)
     for name in ("token_similarity", "effective_rank", "rank_residual", "artifact_count", "max_logit"):
         assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-4, abs=1e-6)
+
+
+def test_probes_per_epoch_in_metrics_and_tensorboard(tmp_path):
+    from _helpers import run_config
+
+    from vitlab.checkpoint import load_model
+    from vitlab.data import normalize
+    from vitlab.train import RunConfig, train
+    from vitlab.train.logging import read_metrics
+
+    out = tmp_path / "run"
+    tb = _has("tensorboard")
+    cfg = RunConfig(**run_config(depth=2, embed_dim=16, num_heads=2, limit_train=64, limit_test=32, batch_size=32),
+                    epochs=2, output=str(out), device="cpu", threads=1, probe_images=8,
+                    logger="tensorboard" if tb else "none")
+    seen = {}
+
+    def grab(trainer) -> None:  # the run's own first training images and normalisation
+        seen.setdefault("x", normalize(trainer.train_data.images[:8], trainer.mean, trainer.std))
+
+    train(cfg, on_step=grab)
+    rows = read_metrics(out)
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for r in rows:
+        for name in ("token_similarity", "effective_rank", "artifact_count", "max_logit", "attn_entropy"):
+            assert {f"probe/{name}/block0", f"probe/{name}/block1"} <= set(r), name
+    # the last row's probes are those of the saved model on the first 8 training images
+    again = load_model(out).probe(seen["x"]).columns()
+    for key in ("probe/token_similarity/block1", "probe/effective_rank/block0", "probe/max_logit/block1"):
+        assert rows[-1][key] == pytest.approx(again[key], rel=1e-4), key
+    if tb:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(out / "tensorboard"))
+        acc.Reload()
+        events = acc.Scalars("probe/token_similarity/block1")
+        assert [e.step for e in events] == [1, 2]
+        assert events[-1].value == pytest.approx(rows[-1]["probe/token_similarity/block1"], rel=1e-5)
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
