@@ -80,6 +80,7 @@ RESULT_NEUTRAL: frozenset[str] = frozenset({
     "flush_denormal",  # changes only values below 1.2e-38, never a reported number
     "data_dir", "download",  # where the data comes from
     "eval_batch_size", "checkpoint_every",  # evaluation in chunks, extra saves
+    "probe_images",  # per-epoch measurements in eval mode, no weight or RNG stream touched
     "skip_nonfinite",  # what a failed step does; a finished run without skipped steps is the same either way
 })
 
