@@ -11,9 +11,10 @@ from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.version import __version__
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "ModelConfig", "VitlabError", "__version__",
-           "create_model", "from_timm", "get_config", "list_models", "load_pretrained", "register_timm", "to_timm"]
+           "create_model", "from_timm", "from_vit5", "get_config", "list_models", "load_pretrained", "register_timm",
+           "to_timm", "to_vit5"]
 
-_LAZY = {"from_timm", "to_timm", "load_pretrained"}
+_LAZY = {"from_timm", "to_timm", "load_pretrained", "from_vit5", "to_vit5"}
 # build_model: deprecated (it warns), kept for old code; vitlab.create_model takes a ModelConfig too
 _MODELS = {"ModelConfig", "build_model", "create_model", "get_config", "list_models"}
 _SUBPACKAGES = {"analysis", "checkpoint", "data", "experiments", "flops", "interop", "layers", "models", "perf",

@@ -188,7 +188,8 @@ def _adapt_pos_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[
     if grid == model.grid_size:
         return
     if isinstance(model.pos_embed, nn.Parameter):
-        state["pos_embed"] = resample_abs_pos_embed(src, model.grid_size, num_prefix=slots, mode="bicubic")
+        state["pos_embed"] = resample_abs_pos_embed(src, model.grid_size, num_prefix=slots, mode="bicubic",
+                                                    antialias=model.cfg.pos_resample_antialias)
     else:  # a fixed table moves to the new grid as the model would move it (pos_embed_at_grid)
         kind = model.cfg.pos_embed
         own = build_pos_embed(kind, grid_size=grid, dim=src.shape[-1], num_prefix=slots)
@@ -197,7 +198,8 @@ def _adapt_pos_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[
                                   f"builds at that grid, so replacing it would drop learned weights; load it into a "
                                   f"model with pos_embed='learned' (resampled) or at "
                                   f"img_size={grid * model.cfg.patch_size} (its own grid)")
-        state["pos_embed"] = pos_embed_at_grid(kind, src, model.grid_size, grid, num_prefix=slots)
+        state["pos_embed"] = pos_embed_at_grid(kind, src, model.grid_size, grid, num_prefix=slots,
+                                               antialias=model.cfg.pos_resample_antialias)
 
 
 def _adapt_patch_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[str, Tensor]) -> None:

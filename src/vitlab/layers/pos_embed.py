@@ -73,12 +73,15 @@ def build_pos_embed(kind: str, *, grid_size: int | tuple[int, int], dim: int, nu
 
 
 def resample_abs_pos_embed(pos_embed: Tensor, new_grid: int | tuple[int, int], num_prefix: int = 0,
-                           mode: str = "bicubic", old_grid: int | tuple[int, int] | None = None) -> Tensor:
+                           mode: str = "bicubic", old_grid: int | tuple[int, int] | None = None,
+                           antialias: bool = True) -> Tensor:
     """Resample ``(1, num_prefix + h*w, D)`` to ``new_grid`` (a side or ``(h, w)``), leaving prefix slots untouched.
 
-    ``old_grid`` defaults to the square grid the table holds. Bilinear and bicubic use torch's antialiased
-    kernels both ways, as timm's ``resample_abs_pos_embed`` does, so a checkpoint resampled here equals the one
-    timm loads at that size."""
+    ``old_grid`` defaults to the square grid the table holds. With ``antialias`` (the default) bilinear and bicubic
+    use torch's antialiased kernels both ways, as timm's ``resample_abs_pos_embed`` does, so a checkpoint resampled
+    here equals the one timm loads at that size; ``antialias=False`` is plain interpolation, as the ViT-5 and DeiT
+    code's ``main.py`` resizes for fine-tuning at another size (the two differ both ways: torch's antialiased bicubic
+    kernel is PIL's, a = -0.5, and also widens when shrinking; the plain one has a = -0.75)."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     if old_grid is None:
         side = int(math.isqrt(grid.shape[1]))
@@ -94,22 +97,24 @@ def resample_abs_pos_embed(pos_embed: Tensor, new_grid: int | tuple[int, int], n
     dim = grid.shape[-1]
     grid = grid.reshape(1, oh, ow, dim).permute(0, 3, 1, 2).float()  # (1, D, h, w)
     grid = torch.nn.functional.interpolate(grid, size=(nh, nw), mode=mode, align_corners=False,
-                                           antialias=mode in ("bilinear", "bicubic"))
+                                           antialias=antialias and mode in ("bilinear", "bicubic"))
     grid = grid.permute(0, 2, 3, 1).reshape(1, nh * nw, dim).to(pos_embed.dtype)  # (1, h'*w', D)
     return torch.cat([prefix, grid], dim=1)
 
 
 def pos_embed_at_grid(kind: str, pos_embed: Tensor, new_grid: int | tuple[int, int],
-                      old_grid: int | tuple[int, int], num_prefix: int = 0) -> Tensor:
+                      old_grid: int | tuple[int, int], num_prefix: int = 0, antialias: bool = True) -> Tensor:
     """The ``kind`` table ``pos_embed`` ``(1, num_prefix + h*w, D)`` of an ``old_grid`` patch grid moved to
     ``new_grid``, each patch keeping its 2-D place. ``learned`` and ``sincos1d`` are resampled bicubically (the
     1-D sinusoid numbers the patches row-major on ``old_grid``, so a table recomputed on another grid would give a
-    patch the position of another place); ``sincos2d`` is computed for ``new_grid``. Prefix slots stay as they are."""
+    patch the position of another place); ``sincos2d`` is computed for ``new_grid``. Prefix slots stay as they are.
+    ``antialias``: as :func:`resample_abs_pos_embed`."""
     (oh, ow), (nh, nw) = grid_hw(old_grid), grid_hw(new_grid)
     if (oh, ow) == (nh, nw):
         return pos_embed
     if kind in ("learned", "sincos1d"):
-        return resample_abs_pos_embed(pos_embed, (nh, nw), num_prefix=num_prefix, old_grid=(oh, ow))
+        return resample_abs_pos_embed(pos_embed, (nh, nw), num_prefix=num_prefix, old_grid=(oh, ow),
+                                      antialias=antialias)
     if kind == "sincos2d":
         table = sincos_2d((nh, nw), pos_embed.shape[-1]).to(pos_embed)
         return torch.cat([pos_embed[:, :num_prefix], table[None]], dim=1)

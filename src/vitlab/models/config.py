@@ -98,9 +98,9 @@ class ModelConfig:
 
     @property
     def rotates(self) -> bool:
-        """Whether the model applies RoPE: ``rope``, or registers under the ViT-5 layout (rotated on their own grid
-        even without patch RoPE, as the ViT-5 code does)."""
-        return self.rope or (self.rope_layout == "vit5" and self.reg_tokens > 0)
+        """Whether the model applies RoPE: ``rope``, or registers after the patches under the ViT-5 layout (rotated
+        on their own grid even without patch RoPE, as the ViT-5 code does; registers in front are never rotated)."""
+        return self.rope or (self.rope_layout == "vit5" and self.reg_tokens > 0 and self.reg_position == "end")
 
     def gate_init_value(self) -> float | None:
         """The gate init the model is built with: ``init_values`` when set, else CaiT's depth rule at ``depth``
@@ -182,12 +182,12 @@ class ModelConfig:
             ok = [h for h in range(1, min(self.embed_dim, 32) + 1) if self.embed_dim % h == 0]
             raise ConfigError(f"num_heads {self.num_heads} does not divide embed_dim {self.embed_dim}; pick "
                               f"num_heads from {ok} or an embed_dim that is a multiple of {self.num_heads}")
-        if self.rope_layout == "vit5" and self.reg_tokens:
+        if self.rope_layout == "vit5" and self.reg_tokens and self.reg_position == "end":
             side = math.isqrt(self.reg_tokens)
-            if side * side != self.reg_tokens or self.reg_position != "end":
-                raise ConfigError(f"rope_layout='vit5' rotates the registers on a square grid after the patches; use "
-                                  f"a square reg_tokens (1, 4, 9, ...; got {self.reg_tokens}) with reg_position='end' "
-                                  f"(got {self.reg_position!r}), or rope_layout='halves'")
+            if side * side != self.reg_tokens:
+                raise ConfigError(f"rope_layout='vit5' rotates the registers after the patches on a square grid; use "
+                                  f"a square reg_tokens (1, 4, 9, ...; got {self.reg_tokens}), reg_position='front' "
+                                  f"(not rotated) or rope_layout='halves'")
         if self.rotates and (self.embed_dim // self.num_heads) % 4:
             raise ConfigError(f"RoPE needs a head dim divisible by 4, got {self.embed_dim // self.num_heads}"
                               f"; change embed_dim/num_heads or set rope=False (and rope_layout='halves')")

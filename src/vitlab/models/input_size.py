@@ -57,7 +57,7 @@ class ResizableInput:
         if self.pos_embed is None or is_grid(grid, self.grid_size):
             return self.pos_embed
         return pos_embed_at_grid(self.cfg.pos_embed, self.pos_embed, tuple(grid), self.grid_size,
-                                 num_prefix=self._pos_slots())
+                                 num_prefix=self._pos_slots(), antialias=self.cfg.pos_resample_antialias)
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None,
                        patch_size: int | tuple[int, int] | None = None) -> None:

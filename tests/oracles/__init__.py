@@ -1,0 +1,1 @@
+"""Reference implementations copied from the authors' repositories, used only as test oracles."""
