@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vitlab
+from _helpers import one_line, read_rows
 from vitlab.analysis import (
     TokenLayout,
     analyze_model,
@@ -55,12 +55,6 @@ FAMILIES = {
 }
 
 
-def one_line(exc: pytest.ExceptionInfo) -> str:
-    msg = str(exc.value)
-    assert msg and "\n" not in msg
-    return msg
-
-
 def tiny(family: str, seed: int = 0) -> vitlab.models.VitlabModel:
     torch.manual_seed(seed)
     name, kw = FAMILIES[family]
@@ -70,11 +64,6 @@ def tiny(family: str, seed: int = 0) -> vitlab.models.VitlabModel:
 def random_maps(L: int, B: int = 2, H: int = 3, T: int = 10, scale: float = 4.0, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(B, H, T, T, generator=g) * scale).softmax(dim=-1) for _ in range(L)]
-
-
-def read_rows(path: Path) -> list[dict]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 # ------------------------------------------------------------------------------------- attention collapse

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vitlab
+from _helpers import one_line
 from vitlab.atomic import atomic_write_text
 from vitlab.checkpoint import (
     FORMAT,
@@ -22,12 +23,6 @@ from vitlab.checkpoint import (
     state_mismatch,
 )
 from vitlab.errors import CheckpointError
-
-
-def one_line(exc: pytest.ExceptionInfo) -> str:
-    msg = str(exc.value)
-    assert msg and "\n" not in msg
-    return msg
 
 
 def tiny_vit(**overrides) -> torch.nn.Module:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _helpers import run_args
 from vitlab import create_model
 from vitlab.checkpoint import load_model
 from vitlab.cli import main
@@ -24,8 +25,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-TINY = ["--limit-train", "128", "--limit-test", "64", "--depth", "2", "--embed-dim", "32", "--num-heads", "4",
-        "--batch-size", "32", "--no-progress", "--device", DEVICE]
+TINY = run_args(limit_train=128, limit_test=64, batch_size=32, progress=False, device=DEVICE)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from _helpers import one_line
 from vitlab.data import (
     DATASETS,
     BatchAugment,
@@ -33,12 +34,6 @@ IDX_NAMES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-
-
-def one_line(exc: pytest.ExceptionInfo) -> str:
-    msg = str(exc.value)
-    assert "\n" not in msg and msg
-    return msg
 
 
 # ------------------------------------------------------------------------------------------- mnist-5k

@@ -4,7 +4,6 @@ end to end on tiny models."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import statistics
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _helpers import option_args, read_rows
 from vitlab.cli import main
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.experiments import budget, runs
@@ -32,13 +32,7 @@ from vitlab.experiments.values import parse_ints
 from vitlab.models import create_model, get_config
 from vitlab.train.config import RunConfig
 
-TINY_RUN = ["--epochs", "1", "--limit-train", "64", "--limit-test", "32", "--batch-size", "32", "--threads", "1",
-            "--no-progress"]
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
+TINY_RUN = option_args(epochs=1, limit_train=64, limit_test=32, batch_size=32, threads=1, progress=False)
 
 
 class FakeTrainer:

@@ -23,6 +23,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import nn
 
 import vitlab
+from _helpers import one_line, perturb
 from vitlab.cli import main
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop import adapt_input_channels, adapt_state_dict, config_from_state_dict, save_weights
@@ -49,14 +50,6 @@ TIMM_VIT_VARIANTS = {
 }
 
 
-def perturb(model: nn.Module, scale: float = 0.2) -> nn.Module:
-    """Move every parameter away from its initial value."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return model
-
-
 def images(model: nn.Module, batch: int = 3) -> torch.Tensor:
     cfg = model.cfg if hasattr(model, "cfg") else None
     c = cfg.in_chans if cfg else model.patch_embed.proj.in_channels
@@ -70,12 +63,6 @@ def assert_same_logits(a: nn.Module, b: nn.Module, x: torch.Tensor) -> None:
     with torch.no_grad():
         diff = (a(x) - b(x)).abs().max().item()
     assert diff < 1e-4, diff
-
-
-def one_line(exc: pytest.ExceptionInfo) -> str:
-    msg = str(exc.value)
-    assert msg and "\n" not in msg
-    return msg
 
 
 # ---------------------------------------------------------------- from_timm

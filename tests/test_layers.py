@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _helpers import one_line
 from vitlab.errors import ConfigError
 from vitlab.layers import (
     Attention,
@@ -35,13 +36,6 @@ from vitlab.layers import (
     sincos_2d,
 )
 from vitlab.layers.rope import rope_table
-
-
-def one_line(exc: pytest.ExceptionInfo) -> str:
-    msg = str(exc.value)
-    assert msg and "\n" not in msg
-    return msg
-
 
 # --- LayerScale: the LayerScale contract -------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import nn
 
 import vitlab
+from _helpers import one_line
 from vitlab.errors import ConfigError
 from vitlab.interop.timm_convert import from_timm_state_dict, to_timm_state_dict
 from vitlab.layers import Attention, ClassAttention, LayerScale, ReAttention, ScalarGate, record_attention, sincos_1d
@@ -19,12 +20,6 @@ from vitlab.models import Cait, ModelConfig, VisionTransformer
 
 PRESETS = vitlab.list_models()
 SMALL = dict(img_size=32, patch_size=8, depth=2)
-
-
-def one_line(exc: pytest.ExceptionInfo) -> str:
-    msg = str(exc.value)
-    assert msg and "\n" not in msg
-    return msg
 
 
 def narrow(name: str, **overrides) -> vitlab.models.VitlabModel:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import sys
 
+from _helpers import run_args
 from vitlab.cli import main
 from vitlab.train.logging import on_terminal
 
-TINY = ["--limit-train", "128", "--limit-test", "64", "--depth", "1", "--embed-dim", "32", "--num-heads", "4",
-        "--batch-size", "32", "--epochs", "2", "--device", "cpu", "--threads", "1"]
+TINY = run_args(depth=1, limit_train=128, limit_test=64, batch_size=32, epochs=2, device="cpu", threads=1)
 
 
 class Terminal(io.StringIO):

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import vitlab
+from _helpers import option_args, run_args, run_config
 from vitlab import atomic as atomic_module
 from vitlab.checkpoint import load_model, load_train_state, read_config, save_checkpoint
 from vitlab.cli import main
@@ -36,11 +37,10 @@ from vitlab.train import engine
 from vitlab.train.config import RunConfig, load_yaml
 from vitlab.train.logging import RunLogger
 
-TINY = ["--model", "vit_mnist", "--depth", "1", "--embed-dim", "16", "--num-heads", "2", "--limit-train", "64",
-        "--limit-test", "32", "--batch-size", "16", "--no-progress", "--device", "cpu", "--threads", "1"]
-RUN = TINY[8:]  # the run options without the model flags
-TINY_CFG = dict(model_overrides={"depth": 1, "embed_dim": 16, "num_heads": 2}, limit_train=64, limit_test=32,
-                batch_size=16, progress=False, device="cpu", threads=1)
+SMALL = dict(limit_train=64, limit_test=32, batch_size=16, device="cpu", threads=1)
+TINY = run_args(model="vit_mnist", depth=1, embed_dim=16, num_heads=2, **SMALL, progress=False)
+RUN = option_args(**SMALL, progress=False)  # the run options without the model flags
+TINY_CFG = run_config(depth=1, embed_dim=16, num_heads=2, **SMALL)
 
 
 def cli_error(capsys: pytest.CaptureFixture, argv: list[str]) -> str:

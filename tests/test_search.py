@@ -3,7 +3,6 @@ an interrupted trial re-run from its checkpoint, the report, and every bad input
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -13,23 +12,19 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
+from _helpers import option_args, read_rows  # noqa: E402
 from vitlab.cli import main  # noqa: E402
 from vitlab.errors import ConfigError  # noqa: E402
 from vitlab.experiments.search import parse_range, parse_search_params  # noqa: E402
 from vitlab.train import engine  # noqa: E402
 
-TINY = ["--set", "depth=1", "--set", "embed_dim=16", "--epochs", "3", "--limit-train", "256", "--limit-test", "64",
-        "--batch-size", "32", "--threads", "1", "--no-progress"]
+TINY = ["--set", "depth=1", "--set", "embed_dim=16",  # a sweep sets the architecture with --set
+        *option_args(epochs=3, limit_train=256, limit_test=64, batch_size=32, threads=1, progress=False)]
 
 
 def search(out: Path, *extra: str) -> list[str]:
     return ["sweep", "--search", "optuna", "--param", "lr", "--range", "1e-5:3e-2:log", *TINY, *extra,
             "--output", str(out)]
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def counted_train(monkeypatch) -> list[str]:

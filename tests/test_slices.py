@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import vitlab
+from _helpers import run_args
 from vitlab import perf
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 
-TINY = ["--limit-train", "256", "--limit-test", "128", "--depth", "2", "--embed-dim", "32", "--num-heads", "4",
-        "--batch-size", "64", "--no-progress", "--epochs", "1"]
+TINY = run_args(progress=False, epochs=1)
 
 
 def grads_of(model: nn.Module) -> list[torch.Tensor]:

@@ -4,12 +4,12 @@ come from the held-out training images. Also: every command reads ``--set`` with
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
 
+from _helpers import read_rows
 from vitlab.cli import main
 from vitlab.experiments import runs
 from vitlab.experiments.runs import RunSpec
@@ -17,11 +17,6 @@ from vitlab.train.config import RunConfig
 
 FAST = ["--epochs", "1", "--limit-train", "64", "--limit-test", "32", "--batch-size", "32", "--threads", "1",
         "--no-progress"]
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 class SummaryTrainer:

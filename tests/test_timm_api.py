@@ -14,6 +14,7 @@ from timm.optim._param_groups import param_groups_layer_decay
 from torch import nn
 
 import vitlab
+from _helpers import perturb
 from _scripts import load_script
 from vitlab.checkpoint import load_train_state
 from vitlab.cli import main
@@ -45,14 +46,6 @@ INTERMEDIATE_ARGS = [
     dict(indices=[1, 2], stop_early=True, intermediates_only=True),
     dict(indices=1, return_prefix_tokens=True, output_fmt="NLC"),
 ]
-
-
-def perturb(model: nn.Module, scale: float = 0.2) -> nn.Module:
-    """Move every parameter away from its initial value, so that a wrong mapping shows."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return model
 
 
 def pair(case: str) -> tuple[vitlab.VitlabModel, nn.Module]:
@@ -356,7 +349,6 @@ def test_train_cli_refuses_a_bad_layer_decay(tmp_path: Path, capsys: pytest.Capt
 
 
 # ------------------------------------------------------------------------------------ the benchmark script
-
 
 
 def _bench_module():

@@ -12,6 +12,7 @@ from timm.models._features import FeatureGetterNet
 from torch import nn
 
 import vitlab
+from _helpers import perturb
 from vitlab.errors import ConfigError
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=4, num_classes=5)
@@ -20,13 +21,6 @@ TIMM_SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=4,
 # index arguments timm accepts: None (all), int n (the last n), sequences (unsorted, repeated, negative)
 GOOD_INDICES = [None, 1, 3, 4, [0], [2, 0], [-1, -1], [0, -1], [3, 1, 3], [-4, 3], (1, 2), [1, -3, 2]]
 BAD_INDICES = [0, 5, -1, [4], [-5], [0, 4], []]
-
-
-def perturb(model: nn.Module, scale: float = 0.2) -> nn.Module:
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return model
 
 
 def pair(name: str, **kwargs) -> tuple[vitlab.VitlabModel, nn.Module]:

@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import run_args, run_config
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.train.config import RunConfig
 from vitlab.train.engine import train
 from vitlab.train.tracking import STATE, check_logger, flatten
 
-TINY = ["--limit-train", "128", "--limit-test", "64", "--depth", "1", "--embed-dim", "16", "--num-heads", "2",
-        "--batch-size", "64", "--threads", "1", "--no-progress"]
-TINY_CFG = dict(limit_train=128, limit_test=64, batch_size=64, threads=1, progress=False,
-                model_overrides={"depth": 1, "embed_dim": 16, "num_heads": 2})
+TINY = run_args(depth=1, embed_dim=16, num_heads=2, limit_train=128, limit_test=64, threads=1, progress=False)
+TINY_CFG = run_config(depth=1, embed_dim=16, num_heads=2, limit_train=128, limit_test=64, threads=1)
 STUDY = ["--epochs", "1", "--limit-train", "64", "--limit-test", "32", "--batch-size", "32", "--threads", "1",
          "--no-progress"]
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _helpers import run_args, run_config
 from vitlab.checkpoint import load_model, load_train_state, read_config
 from vitlab.cli import main
 from vitlab.errors import ConfigError
@@ -21,10 +22,8 @@ from vitlab.train.config import RunConfig, load_yaml, size_defaults
 from vitlab.train.engine import NonFiniteLoss, train
 from vitlab.train.optim import WarmupCosine, build_optimizer, no_decay_names
 
-TINY = ["--limit-train", "256", "--limit-test", "128", "--depth", "2", "--embed-dim", "32", "--num-heads", "4",
-        "--batch-size", "64", "--no-progress"]
-TINY_CFG = dict(limit_train=256, limit_test=128, batch_size=64, progress=False,
-                model_overrides={"depth": 2, "embed_dim": 32, "num_heads": 4})
+TINY = run_args(progress=False)
+TINY_CFG = run_config()
 
 
 def run_cli(*args: str) -> int:

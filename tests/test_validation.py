@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from _helpers import run_config
 from vitlab.cli import main
 from vitlab.data import DataSplit
 from vitlab.errors import ConfigError
@@ -14,8 +15,7 @@ from vitlab.train.batches import holdout
 from vitlab.train.config import RunConfig
 from vitlab.train.engine import train
 
-TINY = dict(limit_train=256, limit_test=128, batch_size=64, epochs=2, progress=False, device="cpu", threads=1,
-            model_overrides={"depth": 1, "embed_dim": 32, "num_heads": 4})
+TINY = run_config(depth=1, epochs=2, device="cpu", threads=1)
 
 
 def toy(n: int) -> DataSplit:
