@@ -22,6 +22,7 @@ from timm.layers.activations import GELU as TimmGELU
 from timm.models.cait import Cait as TimmCait
 from timm.models.cait import ClassAttn, LayerScaleBlock, LayerScaleBlockClassAttn, TalkingHeadAttn
 from timm.models.vision_transformer import Block as TimmBlock
+from timm.models.vision_transformer import ParallelScalingBlock
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import Tensor, nn
 
@@ -82,8 +83,8 @@ def _vit_fields(m: nn.Module) -> tuple[dict, tuple]:
     kinds = {_block_kind(b, dim, problems) for b in blocks}
     _raise_if(m, problems)
     if len(kinds) > 1:
-        problems.append("blocks that differ from one another (heads, MLP, biases, QK-norm or LayerScale)")
-    norms = [m.norm, m.fc_norm, *(n for b in blocks for n in (b.norm1, b.norm2, b.attn.q_norm, b.attn.k_norm))]
+        problems.append("blocks that differ from one another (heads, MLP, biases, QK-norm, scale norms or LayerScale)")
+    norms = [m.norm, m.fc_norm, *(n for b in blocks for n in _block_norms(b))]
     norm = _norm_kind(norms, problems)
     _raise_if(m, problems)
     kind, b0 = next(iter(kinds)), blocks[0]
@@ -93,27 +94,58 @@ def _vit_fields(m: nn.Module) -> tuple[dict, tuple]:
         depth=len(blocks), num_heads=kind["heads"], mlp_ratio=_ratio(kind["hidden"], dim),
         qkv_bias=kind["qkv_bias"], qk_norm=kind["qk_norm"], mlp=kind["mlp"], norm=norm,
         gate="layerscale" if kind["ls"] else "none",
-        init_values=float(b0.ls1.init_values) if kind["ls"] else None,
+        init_values=float(_gates(b0)[0].init_values) if kind["ls"] else None,
+        block=kind["block"], scale_attn_norm=kind["scale_attn_norm"], scale_mlp_norm=kind["scale_mlp_norm"],
         class_token=m.cls_token is not None, reg_tokens=m.num_reg_tokens, reg_position="front",
         pos_embed="none" if m.pos_embed is None else "learned", pos_embed_cls=not m.no_embed_class,
         global_pool=m.global_pool, fc_norm=None if use_fc_norm == (m.global_pool == "avg") else use_fc_norm,
     )
-    drops = (m.head_drop.p, m.pos_drop.p, b0.attn.proj_drop.p, b0.attn.attn_drop.p,
-             [_drop_prob(b.drop_path1) for b in blocks])
+    if type(b0) is ParallelScalingBlock:
+        drops = (m.head_drop.p, m.pos_drop.p, b0.mlp_drop.p, b0.attn_drop.p, [_drop_prob(b.drop_path) for b in blocks])
+    else:
+        drops = (m.head_drop.p, m.pos_drop.p, b0.attn.proj_drop.p, b0.attn.attn_drop.p,
+                 [_drop_prob(b.drop_path1) for b in blocks])
     return fields, drops
 
 
+def _gates(b: nn.Module) -> list[nn.Module]:
+    return [b.ls] if type(b) is ParallelScalingBlock else [b.ls1, b.ls2]
+
+
+def _block_norms(b: nn.Module) -> list[nn.Module]:
+    if type(b) is ParallelScalingBlock:
+        return [b.in_norm, b.q_norm, b.k_norm]
+    return [b.norm1, b.norm2, b.attn.q_norm, b.attn.k_norm, b.attn.norm, b.mlp.norm]
+
+
+def _parallel_kind(b: nn.Module, dim: int, problems: list[str]) -> _Kind:
+    """What a timm ``ParallelScalingBlock`` (ViT-22B) holds: vitlab's ``block='parallel'``."""
+    if b.out_proj is not None:
+        problems.append("fuse_out_proj=True in ParallelScalingBlock (one output projection for both branches)")
+        return _Kind()
+    if type(b.mlp_act) is not TimmGELU and not (type(b.mlp_act) is nn.GELU and b.mlp_act.approximate == "none"):
+        problems.append(f"a {type(b.mlp_act).__name__} activation in ParallelScalingBlock (vitlab: exact GELU)")
+    if b.attn_out_proj.bias is None or b.mlp_out_proj.bias is None:
+        problems.append("proj_bias=False")
+    if not isinstance(b.ls, (nn.Identity, TimmLayerScale)):
+        problems.append(f"{type(b.ls).__name__} residual gates")
+    return _Kind(hidden=b.mlp_out_proj.in_features, qkv_bias=b.in_proj.bias is not None, mlp="gelu",
+                 qk_norm=not isinstance(b.q_norm, nn.Identity), ls=isinstance(b.ls, TimmLayerScale),
+                 heads=b.num_heads, block="parallel", scale_attn_norm=False, scale_mlp_norm=False)
+
+
 def _block_kind(b: nn.Module, dim: int, problems: list[str]) -> _Kind:
-    """What a timm ``Block`` holds; appends to ``problems`` what vitlab cannot express."""
+    """What a timm ``Block`` or ``ParallelScalingBlock`` holds; appends to ``problems`` what vitlab cannot
+    express."""
+    if type(b) is ParallelScalingBlock:
+        return _parallel_kind(b, dim, problems)
     if type(b) is not TimmBlock:
-        problems.append(f"{type(b).__name__} blocks (vitlab has timm's pre-norm Block)")
+        problems.append(f"{type(b).__name__} blocks (vitlab has timm's pre-norm Block and ParallelScalingBlock)")
         return _Kind()
     a = b.attn
     if type(a) is not TimmAttention:
         problems.append(f"{type(a).__name__} attention")
         return _Kind()
-    if not isinstance(a.norm, nn.Identity):
-        problems.append("scale_attn_norm=True (a norm before attn.proj)")
     if getattr(a, "gate", None) is not None:
         problems.append("gated attention")
     if a.attn_dim != dim:
@@ -126,7 +158,8 @@ def _block_kind(b: nn.Module, dim: int, problems: list[str]) -> _Kind:
             problems.append(f"{type(ls).__name__} residual gates")
     return _Kind(hidden=b.mlp.fc2.in_features, qkv_bias=a.qkv.bias is not None, mlp=mlp,
                  qk_norm=not isinstance(a.q_norm, nn.Identity), ls=isinstance(b.ls1, TimmLayerScale),
-                 heads=a.num_heads)
+                 heads=a.num_heads, block="prenorm", scale_attn_norm=not isinstance(a.norm, nn.Identity),
+                 scale_mlp_norm=not isinstance(b.mlp.norm, nn.Identity))
 
 
 class _Kind(dict):
@@ -148,8 +181,6 @@ def _mlp_kind(mlp: nn.Module, problems: list[str]) -> str:
     if not act_ok:
         problems.append(f"a {type(mlp.act).__name__} activation in {type(mlp).__name__} "
                         f"(vitlab: exact GELU in Mlp, SiLU in SwiGLU)")
-    if not isinstance(mlp.norm, nn.Identity):
-        problems.append("scale_mlp_norm=True (a norm inside the MLP)")
     if not isinstance(mlp.fc2, nn.Linear) or mlp.fc2.bias is None:
         problems.append("MLP layers without bias or as convolutions")
     return kind
@@ -298,14 +329,18 @@ def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = 
     depth = 1 + max((int(k.split(".")[1]) for k in state if re.match(r"blocks\.\d+\.", k)), default=-1)
     cait = "blocks_token_only.0.attn.q.weight" in state
     fc1 = state.get("blocks.0.mlp.fc1.weight", state.get("blocks.0.mlp.fc1_g.weight"))
+    parallel = "blocks.0.in_proj.weight" in state  # timm's ParallelScalingBlock (ViT-22B): in_proj = [fc1; qkv]
+    if parallel:
+        fc1 = state["blocks.0.in_proj.weight"][:state["blocks.0.in_proj.weight"].shape[0] - 3 * dim]
     if depth == 0 or fc1 is None:
         raise CheckpointError("the weights have no 'blocks.0.*' transformer blocks of a ViT or CaiT; say what they "
                               "are with a model name (--model NAME)")
     heads = num_heads
     if heads is None and "blocks.0.attn.proj_l.weight" in state:
         heads = state["blocks.0.attn.proj_l.weight"].shape[0]
-    if heads is None and "blocks.0.attn.q_norm.weight" in state:
-        heads = dim // state["blocks.0.attn.q_norm.weight"].shape[0]
+    for key in ("blocks.0.attn.q_norm.weight", "blocks.0.q_norm.weight"):
+        if heads is None and key in state:
+            heads = dim // state[key].shape[0]
     cls_token = "cls_token" in state
     if global_pool is None:
         global_pool = "token" if cait else None if cls_token else "avg"
@@ -320,8 +355,9 @@ def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = 
                               f"--global-pool token|avg)")
     reg = state["reg_token"].shape[1] if "reg_token" in state else 0
     f = dict(arch="cait" if cait else "vit", embed_dim=dim, in_chans=in_chans, patch_size=patch, depth=depth,
-             num_heads=heads, mlp_ratio=_ratio(fc1.shape[0], dim), qkv_bias="blocks.0.attn.qkv.bias" in state,
-             norm="layernorm" if "blocks.0.norm1.bias" in state else "rmsnorm",
+             num_heads=heads, mlp_ratio=_ratio(fc1.shape[0], dim),
+             qkv_bias=("blocks.0.in_proj.bias" if parallel else "blocks.0.attn.qkv.bias") in state,
+             norm="layernorm" if {"blocks.0.norm1.bias", "blocks.0.in_norm.bias"} & set(state) else "rmsnorm",
              num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, class_token=cls_token,
              global_pool=global_pool)
     pos = state.get("pos_embed")
@@ -333,8 +369,12 @@ def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = 
                  mlp_ratio_token_only=_ratio(cls_fc1.shape[0], dim) if cls_fc1 is not None else 4.0)
     else:
         f.update(mlp="swiglu" if "blocks.0.mlp.fc1_g.weight" in state else "gelu",
-                 qk_norm="blocks.0.attn.q_norm.weight" in state, reg_tokens=reg,
-                 gate="layerscale" if {"blocks.0.ls1.gamma", "blocks.0.gamma_1"} & set(state) else "none")
+                 qk_norm={"blocks.0.attn.q_norm.weight", "blocks.0.q_norm.weight"} & set(state) != set(),
+                 reg_tokens=reg, block="parallel" if parallel else "prenorm",
+                 scale_attn_norm="blocks.0.attn.norm.weight" in state,
+                 scale_mlp_norm="blocks.0.mlp.norm.weight" in state,
+                 gate="layerscale" if {"blocks.0.ls1.gamma", "blocks.0.gamma_1", "blocks.0.ls.gamma"} & set(state)
+                 else "none")
         fc_norm = "fc_norm.weight" in state  # the keys prove where the final norm sits, not the pooling
         f["fc_norm"] = None if fc_norm == (global_pool == "avg") else fc_norm
         if pos is not None:
