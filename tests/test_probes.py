@@ -174,3 +174,46 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.slow
+def test_depth_study_records_probes_per_layer_and_epoch(tmp_path):
+    from _helpers import read_rows
+
+    from vitlab.cli import main
+
+    out = tmp_path / "depth"
+    argv = ["depth-study", "--depths", "1,2", "--variants", "vit,layerscale", "--num-images", "8",
+            "--probe-images", "8", "--epochs", "2", "--limit-train", "64", "--limit-test", "32", "--batch-size", "32",
+            "--set", "embed_dim=16", "--set", "num_heads=2", "--threads", "1", "--no-progress", "--output", str(out)]
+    assert main(argv) == 0
+    layers = read_rows(out / "probes_layers.csv")
+    assert sorted((r["variant"], r["depth"], r["layer"]) for r in layers) == sorted(
+        [(v, "1", "0") for v in ("vit", "layerscale")] + [(v, "2", b) for v in ("vit", "layerscale") for b in "01"])
+    epochs = read_rows(out / "probes_epochs.csv")
+    deep = [r for r in epochs if r["variant"] == "vit" and r["depth"] == "2"]
+    assert sorted((r["epoch"], r["layer"]) for r in deep) == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+    # the study's columns summarise the per-layer end probes of each run
+    results = {(r["variant"], r["depth"]): r for r in read_rows(out / "results.csv")}
+    mine = [r for r in layers if r["variant"] == "vit" and r["depth"] == "2"]
+    assert float(results[("vit", "2")]["probe_max_logit"]) == pytest.approx(max(float(r["max_logit"]) for r in mine))
+    assert float(results[("vit", "2")]["probe_similarity_last"]) == pytest.approx(float(mine[-1]["token_similarity"]))
+    html = (out / "index.html").read_text()
+    assert "Probes against depth" in html and "probes_vs_depth.png" in html and "probes_epochs.png" in html
+    assert (out / "probes_vs_depth.png").stat().st_size > 0
+
+
+def test_probe_rows_read_each_epoch_and_block(tmp_path):
+    import json
+
+    from vitlab.experiments.depth_study import probe_rows
+    from vitlab.experiments.runs import RunSpec
+
+    rows = [{"epoch": e, "test_acc": 0.5, "probe/max_logit/block0": e, "probe/max_logit/block1": 2 * e,
+             "probe/token_similarity/block1": 0.1 * e} for e in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = RunSpec("vit_depth2_seed0", None, {"variant": "vit", "depth": 2, "seed": 0})
+    end, epochs = probe_rows(spec, {"probes": [{"layer": 0, "max_logit": 3.0}]}, tmp_path)
+    assert end == [{"variant": "vit", "depth": 2, "seed": 0, "layer": 0, "max_logit": 3.0}]
+    assert [(r["epoch"], r["layer"], r["max_logit"]) for r in epochs] == [(1, 0, 1), (1, 1, 2), (2, 0, 2), (2, 1, 4)]
+    assert epochs[-1]["token_similarity"] == pytest.approx(0.2) and "token_similarity" not in epochs[0]

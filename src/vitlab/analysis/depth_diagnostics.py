@@ -1,6 +1,8 @@
 """The diagnostics of one depth-study run: attention collapse (Zhou et al. 2021, DeepViT: cross-layer similarity of
-the attention maps, similar-block counts) and residual ratios per block (Touvron et al. 2021, CaiT) of its
-checkpoint on test images, saved as ``diagnostics.json`` beside it, and the numbers the study tables from them.
+the attention maps, similar-block counts), residual ratios per block (Touvron et al. 2021, CaiT) and the per-layer
+probes (:mod:`vitlab.analysis.probes`: token similarity, effective rank, artifact tokens, entropy, max logit) of
+its checkpoint on the diagnostics images, saved as ``diagnostics.json`` beside it, and the numbers the study tables
+from them.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Any
 from vitlab.errors import CheckpointError
 
 # what diagnostics.json holds; an older one is recomputed (or, without weights, kept). 2: pre-mix maps of talking
-# heads too (1: re-attention's); 3: the entropy of the softmax maps per layer
-DIAG_VERSION = 3
+# heads too (1: re-attention's); 3: the entropy of the softmax maps per layer; 4: the per-layer probes
+DIAG_VERSION = 4
 
 
 def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: tuple, std: tuple, *,
@@ -75,7 +77,8 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
             "collapse_pre_mix": _collapse_rows(pre_meter.compute()) if pre_meter.count else [],
             "entropy": {"layers": entropy_layers,
                         "values": (entropy / len(images)).tolist() if entropy is not None else []},
-            "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)]}
+            "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)],
+            "probes": model.probe(x, batch_size=batch_size).rows() if hasattr(model, "probe") else []}
     write_json(path, diag)
     return diag
 
@@ -117,9 +120,32 @@ def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
         "ratio_mlp_mean": _mean(mlp),
         "ratio_attn_last": attn[-1] if attn else float("nan"),
         "ratio_mlp_last": mlp[-1] if mlp else float("nan"),
+        **probe_columns(diag.get("probes", [])),
+    }
+
+
+def probe_columns(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """A run's probes in one number each (NaN without probes): the last block's token similarity, effective rank
+    and rank residual, the largest max logit of any block, the artifact tokens per image summed over the blocks,
+    and the attention mass those artifacts and the register tokens receive, averaged over the blocks."""
+    def col(name: str) -> list[float]:
+        return [r[name] for r in rows if r.get(name) == r.get(name)]  # NaN-free
+
+    last = rows[-1] if rows else {}
+    logits = col("max_logit")
+    return {
+        "probe_similarity_last": last.get("token_similarity", float("nan")),
+        "probe_erank_last": last.get("effective_rank", float("nan")),
+        "probe_residual_last": last.get("rank_residual", float("nan")),
+        "probe_max_logit": max(logits) if logits else float("nan"),
+        "probe_artifacts": sum(col("artifact_count")) if rows else float("nan"),
+        "probe_artifact_mass": _mean(col("artifact_mass_all")),
+        "probe_artifact_mass_cls": _mean(col("artifact_mass_cls")),
+        "probe_register_mass": _mean(col("register_mass_all")),
     }
 
 
 DIAG_VALUES = ("mean_similarity", "similar_fraction", "mean_similar_blocks", "mean_similarity_pre_mix",
                "similar_fraction_pre_mix", "mean_similar_blocks_pre_mix", "attn_entropy", "ratio_attn_mean",
-               "ratio_mlp_mean")
+               "ratio_mlp_mean", "probe_similarity_last", "probe_erank_last", "probe_residual_last", "probe_max_logit",
+               "probe_artifacts", "probe_artifact_mass", "probe_artifact_mass_cls", "probe_register_mass")

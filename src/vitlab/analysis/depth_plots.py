@@ -173,3 +173,90 @@ def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Pa
     fig.colorbar(im, ax=list(axes), shrink=0.8, label="cosine similarity")
     fig.suptitle(f"cross-layer attention similarity at depth {depth}")
     return save(fig, path)
+
+
+PROBE_PANELS = (("probe_similarity_last", "token_similarity", "token similarity"),
+                ("probe_erank_last", "effective_rank", "effective rank"),
+                ("probe_max_logit", "max_logit", "max attention logit"),
+                ("probe_artifacts", "artifact_count", "artifact tokens per image"))
+
+
+def _per_block(rows: list[dict[str, Any]], variant: str, depth: int, name: str,
+               key: str = "layer") -> tuple[list[int], list[float]]:
+    """Mean over seeds of ``name`` per ``key`` (block, or epoch) of ``variant`` at ``depth`` (NaN values skipped)."""
+    by: dict[int, list[float]] = {}
+    for r in rows:
+        v = r.get(name)
+        if r["variant"] == variant and r["depth"] == depth and isinstance(v, int | float) and v == v:
+            by.setdefault(int(r[key]), []).append(float(v))
+    xs = sorted(by)
+    return xs, [_mean(by[x]) for x in xs]
+
+
+def plot_probes(agg: list[dict[str, Any]], layer_rows: list[dict[str, Any]], variants: list[str], depth: int,
+                path: str | Path) -> Path:
+    """One page: top row, per variant against depth (mean +- std over seeds), the last block's token similarity and
+    effective rank, the max logit over blocks and the artifact tokens summed over blocks; bottom row, the same
+    probes per block at ``depth``."""
+    from vitlab.analysis.plots import new_figure, save
+
+    fig = new_figure(18.0, 7.4)
+    axes = fig.subplots(2, 4, squeeze=False)
+    depths = sorted({a["depth"] for a in agg})
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    for j, (value, per_layer, label) in enumerate(PROBE_PANELS):
+        top, bottom = axes[0, j], axes[1, j]
+        if any(f"{value}_mean" in a for a in agg):
+            for variant, (x, m, s) in curves(agg, value, variants).items():
+                top.errorbar(x, m, yerr=s, marker="o", capsize=3, label=variant, color=colours[variant])
+        top.set_xscale("log", base=2)
+        top.set_xticks(depths, [str(d) for d in depths])
+        top.minorticks_off()
+        top.set_xlabel("depth (blocks)")
+        what = {"probe_similarity_last": "last block", "probe_erank_last": "last block",
+                "probe_max_logit": "max over blocks", "probe_artifacts": "sum over blocks"}[value]
+        top.set_title(f"{label} ({what})", fontsize=9)
+        top.grid(True, alpha=0.3)
+        for variant in variants:
+            x, y = _per_block(layer_rows, variant, depth, per_layer)
+            if x:
+                bottom.plot(x, y, "o-", ms=2.5, label=variant, color=colours[variant])
+        bottom.set_xlabel(f"block (depth {depth})")
+        bottom.set_title(f"{label} per block", fontsize=9)
+        bottom.grid(True, alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("probes against depth per variant (mean over seeds)")
+    return save(fig, path)
+
+
+def plot_probe_epochs(epoch_rows: list[dict[str, Any]], variants: list[str], depth: int, path: str | Path) -> Path:
+    """Per epoch at ``depth``, per variant (mean over seeds): the last block's token similarity and effective rank,
+    the max logit over blocks and the artifact tokens summed over blocks, on the run's fixed probe images."""
+    from vitlab.analysis.plots import new_figure, save
+
+    fig = new_figure(18.0, 3.8)
+    axes = fig.subplots(1, 4, squeeze=False)[0]
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    reduce = {"token_similarity": "last", "effective_rank": "last", "max_logit": "max", "artifact_count": "sum"}
+    for ax, (_, name, label) in zip(axes, PROBE_PANELS):
+        for variant in variants:
+            mine = [r for r in epoch_rows if r["variant"] == variant and r["depth"] == depth]
+            if not mine:
+                continue
+            last = max(int(r["layer"]) for r in mine)
+            per_epoch: dict[tuple[int, int], list[float]] = {}  # (seed, epoch) -> values over blocks
+            for r in mine:
+                v = r.get(name)
+                if isinstance(v, int | float) and v == v and (reduce[name] != "last" or int(r["layer"]) == last):
+                    per_epoch.setdefault((r["seed"], int(r["epoch"])), []).append(float(v))
+            fold = {"last": lambda vs: vs[-1], "max": max, "sum": sum}[reduce[name]]
+            by_epoch: dict[int, list[float]] = {}
+            for (_, epoch), vs in per_epoch.items():
+                by_epoch.setdefault(epoch, []).append(fold(vs))
+            xs = sorted(by_epoch)
+            ax.plot(xs, [_mean(by_epoch[e]) for e in xs], "o-", ms=2.5, label=variant, color=colours[variant])
+        ax.set_xlabel("epoch")
+        ax.set_title(f"{label} ({reduce[name]} over blocks), depth {depth}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return save(fig, path)
