@@ -3,11 +3,25 @@
 ``torchrun --nproc_per_node=N -m vitlab train ...`` sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; each process
 then takes a contiguous 1/N slice of every global batch (the distributed sampler), DDP averages the
 gradients, metrics are summed with ``all_reduce`` and only rank 0 writes files.
+
+Teardown: :meth:`DistContext.close` must leave no gloo thread running when the interpreter exits. A gloo
+process group runs its collectives on worker threads; a worker that drops the last reference to a finished
+collective's tensor takes the GIL to free its Python object, and a thread that takes the GIL while the
+interpreter finalizes is ended by ``pthread_exit``, whose unwinding through torch's ``noexcept`` frames calls
+``std::terminate``: SIGABRT ("terminate called without an active exception"), seen at the end of otherwise
+finished 2-process runs on a loaded machine. ``destroy_process_group()`` stops those threads only when it drops
+the group's last reference, and two holders outlive it unless we act: (1) importing
+``torch.distributed.nn.functional``, which ``DistributedDataParallel`` does on first use, stores the live default
+group in ten functions' default arguments (``group=group.WORLD``), for good; importing it before the group exists
+stores ``None``; (2) the DDP wrapper's reducer holds the group, and after a run the trainer that holds the wrapper
+is garbage kept alive by a reference cycle (through frames from building the optimiser), freed whenever the cyclic
+collector next runs, which may be during finalization itself; :meth:`DistContext.close` collects it first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from dataclasses import dataclass
 
@@ -51,12 +65,14 @@ class DistContext:
         return box[0]
 
     def close(self) -> None:
+        """Tear the process group down so that no gloo thread outlives it (see the module docstring)."""
         if self.distributed and dist.is_initialized():
-            # meet before tearing down: a rank that destroys its gloo pairs while a peer is still using them
-            # can make that peer abort (seen once in CI as SIGABRT); a dead peer makes the barrier fail fast
+            # meet before tearing down: no rank closes its connections while a peer still sends on them; a dead
+            # peer makes the barrier fail fast
             with contextlib.suppress(Exception):
                 dist.barrier()
-            dist.destroy_process_group()
+            gc.collect()  # a finished run's DDP wrapper, reachable only from reference cycles, releases the group
+            dist.destroy_process_group()  # the last reference: the group's worker threads are joined here
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
@@ -87,6 +103,9 @@ def init_distributed(device_name: str = "auto") -> DistContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # before the group exists, so that its default arguments hold None, not the group (module docstring)
+        import torch.distributed.nn.functional as _dist_nn  # noqa: F401
+
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend)
 
