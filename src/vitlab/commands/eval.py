@@ -35,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.checkpoint import ModelSpec, load_model, read_config
     from vitlab.data import load_dataset
     from vitlab.errors import ConfigError, DataError
-    from vitlab.train.batches import subset
     from vitlab.train.distributed import pick_device
     from vitlab.train.evaluate import evaluate
     from vitlab.train.plots import save_confusion_matrix
@@ -43,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
-    config = read_config(args.checkpoint)
+    model = load_model(args.checkpoint, model=args.model, verify=args.verify)  # config.json checked and validated
+    config = read_config(args.checkpoint, verify=False)
     run_cfg = config.get("run") or {}
-    model = load_model(args.checkpoint, model=args.model, verify=args.verify)
     img_size, in_chans = ModelSpec.from_dict(config["model"]).input_shape
     dataset = args.dataset or run_cfg.get("dataset")
     if dataset is None:
@@ -54,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or (run_cfg.get("data_dir") if same_data else None)
     limit = args.limit_test or (run_cfg.get("limit_test") if same_data else None)
     _, test = load_dataset(dataset, data_dir=data_dir, img_size=img_size, in_chans=in_chans,
-                           download=args.download)
-    test = subset(test, limit)
+                           download=args.download, limit_train=1, limit_test=limit)  # subset before resizing
     num_classes = getattr(model, "num_classes", None)
     if num_classes and num_classes != len(test.classes):
         raise DataError(f"the checkpoint predicts {num_classes} classes but {dataset} has {len(test.classes)}; "

@@ -30,12 +30,14 @@ __all__ = [
     "mnist5k_split_indices",
     "normalization",
     "normalize",
+    "subset_indices",
 ]
 
 DATASETS: tuple[str, ...] = tuple(CATALOG)
 _LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, the weights of the 3 -> 1 channel conversion
 
 _MNIST5K_SEED = 20240501
+SUBSET_SEED = 0  # --limit-train / --limit-test pick the same images in every run, eval and predict
 _MNIST5K_TEST_PER_CLASS = 100
 
 # exceptions a failed download can raise (URLError, socket and SSL errors are OSErrors; torchvision's
@@ -277,7 +279,18 @@ def _image_files(folder: Path) -> list[Path]:
                   if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
 
 
-def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int) -> _Parts:
+def subset_indices(total: int, n: int | None) -> Tensor | None:
+    """The indices (ascending) of a fixed random ``n`` of ``total`` items; None when ``n`` is None or >= ``total``.
+    They depend on the counts only, so a data set is subset before its images are read or resized."""
+    if n is None or n >= total:
+        return None
+    gen = torch.Generator()
+    gen.manual_seed(SUBSET_SEED)
+    return torch.randperm(total, generator=gen)[:n].sort().values
+
+
+def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
+                      limits: tuple[int | None, int | None] = (None, None)) -> _Parts:
     layout = "data_dir/train/<class>/*.png and data_dir/val/<class>/*.png"
     train_dir = data_dir / "train"
     val_dir = next((d for d in (data_dir / "val", data_dir / "test") if d.is_dir()), data_dir / "val")
@@ -289,9 +302,8 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int) -> _Parts:
         raise DataError(f"{train_dir} has no class sub-folders; arrange the images as {layout}")
     index = {c: i for i, c in enumerate(classes)}
     out: list[Tensor] = []
-    for split_dir in (train_dir, val_dir):
-        images: list[Tensor] = []
-        labels: list[int] = []
+    for split_dir, limit in zip((train_dir, val_dir), limits):
+        files_labels: list[tuple[Path, int]] = []
         for class_dir in _class_dirs(split_dir):
             if class_dir.name not in index:
                 raise DataError(f"class folder {class_dir} has no counterpart in {train_dir}; "
@@ -301,12 +313,14 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int) -> _Parts:
                 exts = " ".join(sorted(IMAGE_EXTENSIONS))
                 raise DataError(f"class folder {class_dir} holds no images ({exts}); "
                                 "add images or remove the folder")
-            for f in files:
-                images.append(load_image(f, img_size=img_size, in_chans=in_chans))  # (C, H, W)
-            labels += [index[class_dir.name]] * len(files)
-        if not images:
+            files_labels += [(f, index[class_dir.name]) for f in files]
+        if not files_labels:
             raise DataError(f"{split_dir} has no class sub-folders; arrange the images as {layout}")
-        out += [torch.stack(images), torch.tensor(labels, dtype=torch.int64)]
+        keep = subset_indices(len(files_labels), limit)  # only the subset is read and resized
+        if keep is not None:
+            files_labels = [files_labels[i] for i in keep.tolist()]
+        images = [load_image(f, img_size=img_size, in_chans=in_chans) for f, _ in files_labels]  # (C, H, W) each
+        out += [torch.stack(images), torch.tensor([label for _, label in files_labels], dtype=torch.int64)]
     return out[0], out[1], out[2], out[3], classes
 
 
@@ -314,7 +328,8 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int) -> _Parts:
 
 
 def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int, in_chans: int,
-                 download: bool = True, root: str | Path | None = None) -> tuple[DataSplit, DataSplit]:
+                 download: bool = True, root: str | Path | None = None, limit_train: int | None = None,
+                 limit_test: int | None = None) -> tuple[DataSplit, DataSplit]:
     """Load (train, test) of a data set in memory as uint8 tensors at ``in_chans`` and ``img_size``.
 
     Args:
@@ -325,6 +340,8 @@ def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int
         download: let torchvision download when the files are not found.
         root: torchvision's folder when ``data_dir`` is None (default ``$VITLAB_DATA`` or
             ``~/.cache/vitlab/data``).
+        limit_train, limit_test: keep a fixed random subset of this many images (:func:`subset_indices`), taken
+            before the images are resized, so a large ``img_size`` costs memory for the subset only.
     """
     key = _canonical(name)
     if in_chans not in (1, 3):
@@ -341,13 +358,18 @@ def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int
         if folder is None:
             raise DataError("imagefolder needs a folder: pass --data-dir with train/<class>/ and "
                             "val/<class>/ sub-folders of images")
-        parts = _load_imagefolder(folder, img_size, in_chans)
+        parts = _load_imagefolder(folder, img_size, in_chans, (limit_train, limit_test))
     else:
         parts = _load_idx(key, folder) if folder is not None and key in ("mnist", "fashion-mnist") else None
         if parts is None:
             tv_root = folder if folder is not None else (Path(root).expanduser() if root else default_root())
             parts = _load_torchvision(key, tv_root, download)
     xtr, ytr, xte, yte, classes = parts
+    keep_train, keep_test = subset_indices(len(ytr), limit_train), subset_indices(len(yte), limit_test)
+    if keep_train is not None:
+        xtr, ytr = xtr[keep_train], ytr[keep_train]
+    if keep_test is not None:
+        xte, yte = xte[keep_test], yte[keep_test]
     xtr = prepare_images(xtr, img_size=img_size, in_chans=in_chans)
     xte = prepare_images(xte, img_size=img_size, in_chans=in_chans)
     return DataSplit(xtr, ytr, classes), DataSplit(xte, yte, list(classes))

@@ -62,15 +62,18 @@ def resolve_spec(model: str | ModelConfig | ModelSpec, **overrides: Any) -> Mode
 
 
 def create_model(model: str | ModelConfig | ModelSpec, *, device: Any = None, dtype: Any = None,
-                 **overrides: Any) -> nn.Module:
+                 allow_large: bool = False, **overrides: Any) -> nn.Module:
     """Create a model: a preset name (any :class:`ModelConfig` field: ``img_size``, ``patch_size``, ``in_chans``,
     ``num_classes``, ``depth``, ``embed_dim``, ``num_heads``, ``mlp_ratio``, ``gate``, ``attn``, ... overrides the
     preset), ``"timm:NAME"`` (``overrides`` go to ``timm.create_model``), a :class:`ModelConfig`, or a
     :class:`ModelSpec` (e.g. ``vitlab.checkpoint.read_spec(run_dir)``). The model carries its spec as
     ``model.vitlab_spec``. ``device`` / ``dtype`` (as timm's): its parameters and buffers are created on that device
-    (``'meta'``: shapes only) in that floating-point dtype; they are not part of the spec."""
+    (``'meta'``: shapes only) in that floating-point dtype; they are not part of the spec. A vitlab config beyond
+    the size budget (2e9 parameters, 64 GiB of activations per image: :mod:`vitlab.models.budget`) is refused
+    before anything is allocated, unless ``allow_large`` (or ``VITLAB_ALLOW_LARGE=1``) or ``device='meta'``."""
     spec = resolve_spec(model, **overrides)
-    return build_placed(spec.build, device, dtype)
+    allow_large = allow_large or str(device) == "meta"
+    return build_placed(lambda: spec.build(allow_large=allow_large), device, dtype)
 
 
 def build_model(cfg: ModelConfig) -> VitlabModel:

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from vitlab.errors import ConfigError
+from vitlab.models.budget import check_budget
 from vitlab.models.config import ModelConfig
 
 TIMM_PREFIX = "timm:"
@@ -87,11 +88,14 @@ class ModelSpec:
         img_size = img_size[0] if isinstance(img_size, list | tuple) else img_size
         return int(img_size), int(stored.get("in_chans", 3))
 
-    def build(self) -> nn.Module:
+    def build(self, *, allow_large: bool = False) -> nn.Module:
         """A freshly initialised model of this spec: the one place a model is instantiated (use
-        :func:`create_model`). A vitlab model's ``vitlab_spec`` is its live config; a timm model gets this spec."""
+        :func:`create_model`). A vitlab model's ``vitlab_spec`` is its live config; a timm model gets this spec.
+        A vitlab config beyond the size budget (:mod:`vitlab.models.budget`) is refused before anything is
+        allocated unless ``allow_large``."""
         if not self.is_timm:
             self.config.validate()
+            check_budget(self.config, allow_large)
             return ARCHITECTURES[self.config.arch](self.config)
         model = _create_timm(self.timm, self.kwargs)
         if not isinstance(getattr(type(model), "vitlab_spec", None), property):  # timm:vitlab_P carries its own

@@ -14,20 +14,20 @@ import torch
 from torch import Tensor
 
 from vitlab.data import BatchAugment, DataSplit, load_dataset, normalization, normalize
+from vitlab.data.datasets import subset_indices
 from vitlab.errors import ConfigError
 from vitlab.train.config import RunConfig, RunModel, for_data
 from vitlab.train.distributed import DistContext, check_batch
 from vitlab.train.seeding import derive_seed, generator
 
-SUBSET_SEED = 0  # --limit-train / --limit-test pick the same images in every run, eval and predict
 VAL_SEED = 0x7A1  # --val-split / --val-size hold out the same images in every run, whatever --seed
 
 
 def subset(split: DataSplit, n: int | None) -> DataSplit:
     """A fixed random subset of ``n`` images (in their original order); the split itself when ``n`` is None."""
-    if n is None or n >= len(split):
+    idx = subset_indices(len(split), n)  # what load_dataset(limit_train=, limit_test=) keeps before resizing
+    if idx is None:
         return split
-    idx = torch.randperm(len(split), generator=generator(SUBSET_SEED))[:n].sort().values
     return DataSplit(split.images[idx], split.labels[idx], list(split.classes))
 
 
@@ -84,10 +84,16 @@ def load_run_data(cfg: RunConfig, run_model: RunModel, ctx: DistContext) -> tupl
     if not ctx.is_main:
         ctx.barrier()
     train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
-                                           in_chans=in_chans, download=cfg.download and ctx.is_main)
+                                           in_chans=in_chans, download=cfg.download and ctx.is_main,
+                                           limit_train=cfg.limit_train, limit_test=cfg.limit_test)  # subset first
     if ctx.is_main:
         ctx.barrier()
-    train_split, test_split = subset(train_split, cfg.limit_train), subset(test_split, cfg.limit_test)
+    if len(train_split.classes) < 2:  # one class: always right (accuracy 100%, loss 0), nothing learnt
+        name = str(train_split.classes[0]).encode("utf-8", "surrogateescape").decode("utf-8", "replace") \
+            if train_split.classes else ""
+        raise ConfigError(f"{cfg.dataset} has one class ({name}), so every prediction would be right and nothing "
+                          "is learnt; a classifier needs at least two classes (imagefolder: one sub-folder of "
+                          "train/ per class)")
     train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size)
     cfg, run_model = for_data(cfg, run_model, len(train_split))
     check_batch(cfg.batch_size, ctx)
