@@ -100,7 +100,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
         ray.shutdown()
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(60)
+            proc.wait(10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -293,3 +293,41 @@ def test_ray_stays_out_of_the_base_install_and_the_help_path() -> None:
     assert any(d.startswith("ray") for d in extras["ray"]) and any(d.startswith("ray") for d in extras["dev"])
     proc = subprocess.run([sys.executable, "-c", RAY_FREE], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_shared_search_storage_leaves_live_trials_of_other_workers_running(tmp_path: Path) -> None:
+    """``--storage``: a worker joining the search fails only trials whose heartbeat stopped, never live ones."""
+    optuna = pytest.importorskip("optuna")
+    from optuna.trial import TrialState
+
+    from vitlab.experiments.search import requeue_interrupted
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+    study = optuna.create_study(storage=storage, study_name="s")
+    live = study.ask({"lr": optuna.distributions.FloatDistribution(0.1, 1.0)})  # a heartbeat just now
+    storage.record_heartbeat(live._trial_id)
+    assert requeue_interrupted(study, shared=True) == []
+    assert study.get_trials()[0].state == TrialState.RUNNING
+    assert requeue_interrupted(study, shared=False) == [live.number]  # one process: whatever runs is stale
+    assert study.get_trials()[0].state == TrialState.FAIL
+
+
+def test_a_training_trial_beats_its_heartbeat_in_a_shared_storage(tmp_path: Path, monkeypatch) -> None:
+    optuna = pytest.importorskip("optuna")
+    from optuna.trial import TrialState
+
+    from vitlab.experiments import search
+
+    monkeypatch.setattr(search, "HEARTBEAT_S", 0.2)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'shared.db'}", heartbeat_interval=1,
+                                         grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    with search.heartbeat(study, trial):
+        time.sleep(1.6)  # past the grace period: alive only through the beats
+        assert search.requeue_interrupted(study, shared=True) == []
+    assert study.get_trials()[0].state == TrialState.RUNNING
+    time.sleep(3.0)  # no more beats (heartbeats are stored to the second): stale, failed and queued again
+    assert search.requeue_interrupted(study, shared=True) == [trial.number]
+    assert study.get_trials()[0].state == TrialState.FAIL

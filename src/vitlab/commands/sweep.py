@@ -55,6 +55,10 @@ def register(subparsers: Any) -> None:
                    help="--search optuna: maximise the final validation accuracy (val_acc, default) or minimise the "
                         "validation loss (val_loss), on the --val-split each trial holds out (default 0.1); pruning "
                         "reads the same metric each epoch. The test set is never compared (test_* are refused)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="--search optuna: an Optuna RDB storage (sqlite:////shared/study.db, postgresql://...) that "
+                        "several processes or machines work together, each running this same command with the same "
+                        "shared --output (default: --output/optuna.db, one process)")
     p.add_argument("--seed", type=int, default=None,
                    help="--search optuna: the sampler's seed and every trial's training seed (default 0)")
     add_run_options(p)
@@ -62,7 +66,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run, _parser=p)
 
 
-SEARCH_ONLY = ("range", "trials", "pruner", "prune_startup", "prune_warmup", "objective", "seed")
+SEARCH_ONLY = ("range", "trials", "pruner", "prune_startup", "prune_warmup", "objective", "seed", "storage")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +111,10 @@ def run_search_command(args: argparse.Namespace) -> int:
     from vitlab.train.options import parse_set
 
     import_optuna()
+    if args.executor != "local" or (args.workers or 1) > 1:
+        raise ConfigError("--search optuna trains one trial at a time per process; to work a search on several "
+                          "processes or machines, run this same command in each with one shared --storage URL "
+                          "and --output folder (drop --executor/--workers)")
     if args.seeds != 1:
         raise ConfigError("--seeds is for the grid; --search optuna trains one run per trial with --seed")
     if args.finished_only:
@@ -127,7 +135,7 @@ def run_search_command(args: argparse.Namespace) -> int:
     command = command_line(shown).replace("vitlab sweep", f"vitlab sweep {words}", 1)
     config = SearchConfig(model=args.model, dataset=args.dataset, params=params,
                           base=base_run_config(args, dataset=args.dataset), output=Path(args.output), fixed=fixed,
-                          command=command, **extra)
+                          command=command, storage=args.storage, **extra)
     config.validate()
     config.output = check_output(args.output)
     result = run_search(config)

@@ -16,9 +16,12 @@ and resumed picks the same values as one that ran straight through.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ DB = "optuna.db"
 STUDY = "vitlab-search"
 PRUNERS = ("median", "hyperband", "none")
 INSTALL = "--search optuna needs Optuna, which is not installed; run pip install 'vitlab[optuna]'"
+HEARTBEAT_S = 60  # --storage: a running trial whose worker beat no heartbeat for 3 of these is failed and re-run
 VAL_SPLIT = 0.1  # the validation share of every trial's training images when the run config holds none out
 
 
@@ -138,6 +142,7 @@ class SearchConfig:
     prune_startup: int = 5  # finished trials before the median pruner prunes any
     prune_warmup: int = 0  # epochs of every trial that are never pruned
     command: str = "vitlab sweep --search optuna"
+    storage: str | None = None  # an Optuna RDB URL several processes or machines share (None: <output>/optuna.db)
 
     def validate(self) -> None:
         """Refuse impossible settings; a run config without a validation split gets :data:`VAL_SPLIT`."""
@@ -174,6 +179,7 @@ def import_optuna() -> Any:
         raise ConfigError(INSTALL) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     return optuna
 
 
@@ -193,9 +199,19 @@ def open_study(config: SearchConfig) -> Any:
     optuna = import_optuna()
     out = config.output
     db = out / DB
-    if not db.exists() and any(out.glob("trial_*")):
+    if config.storage is None and not db.exists() and any(out.glob("trial_*")):
         raise ConfigError(f"{out} holds trial folders but no {DB}; pass another --output (or delete the folder)")
-    study = optuna.create_study(storage=f"sqlite:///{db.resolve()}", study_name=STUDY, load_if_exists=True,
+    if config.storage is None:
+        storage: Any = f"sqlite:///{db.resolve()}"
+    else:  # shared: every worker beats a heartbeat, so a trial whose worker died is told apart from a live one
+        try:
+            storage = optuna.storages.RDBStorage(config.storage, heartbeat_interval=HEARTBEAT_S,
+                                                 grace_period=3 * HEARTBEAT_S)
+        except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database: one line
+            raise ConfigError(f"--storage {config.storage}: {type(exc).__name__}: {str(exc).splitlines()[0]}; pass "
+                              "an RDB URL Optuna can open, e.g. sqlite:////shared/study.db or "
+                              "postgresql://user@host/db") from None
+    study = optuna.create_study(storage=storage, study_name=STUDY, load_if_exists=True,
                                 direction=OBJECTIVES[config.objective], pruner=make_pruner(config))
     sig = config.signature()
     stored = study.user_attrs.get("signature")
@@ -217,15 +233,20 @@ def finished(trial: Any) -> bool:
         trial.state == TrialState.FAIL and "error" in trial.user_attrs)
 
 
-def requeue_interrupted(study: Any) -> list[int]:
+def requeue_interrupted(study: Any, shared: bool = False) -> list[int]:
     """Mark trials left running by a stopped process as failed and queue each interrupted trial once more
-    with the same values (it resumes its run folder); returns the numbers queued."""
+    with the same values (it resumes its run folder); returns the numbers queued. ``shared`` (a ``--storage``
+    other workers use): only the running trials whose heartbeat stopped are failed, the others are live."""
+    from optuna.storages import fail_stale_trials
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    for t in trials:
-        if t.state == TrialState.RUNNING:
-            study.tell(t.number, state=TrialState.FAIL)
+    if shared:
+        fail_stale_trials(study)
+    else:
+        for t in trials:
+            if t.state == TrialState.RUNNING:
+                study.tell(t.number, state=TrialState.FAIL)
     trials = study.get_trials(deepcopy=False)
     rerun = {t.user_attrs.get("rerun_of") for t in trials}
     queued = []
@@ -293,7 +314,8 @@ def run_trial(study: Any, config: SearchConfig, log: Any) -> Any:
         if resume is not None and trial.should_prune():
             result = None
         else:
-            result = train(cfg, resume=resume, on_epoch=on_epoch)
+            with heartbeat(study, trial):
+                result = train(cfg, resume=resume, on_epoch=on_epoch)
     except NonFiniteLoss as exc:
         return _fail(study, trial, f"diverged: {exc}", log, where)
     except BaseException:
@@ -313,6 +335,33 @@ def run_trial(study: Any, config: SearchConfig, log: Any) -> Any:
         frozen = study.tell(trial, value)
         log(f"[trial {trial.number}] {where}: complete ({_metric(metric, value)})")
     return frozen
+
+
+@contextlib.contextmanager
+def heartbeat(study: Any, trial: Any) -> Iterator[None]:
+    """While a trial trains, record its heartbeat in a shared storage every :data:`HEARTBEAT_S` (Optuna beats it
+    only inside ``Study.optimize``; these trials are asked and told), so other workers see it is alive."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    storage = study._storage
+    if not is_heartbeat_enabled(storage):
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            storage.record_heartbeat(trial._trial_id)
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, name="vitlab-trial-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _fail(study: Any, trial: Any, why: str, log: Any, where: str) -> Any:
@@ -337,10 +386,20 @@ def run_search(config: SearchConfig, log: Any = print) -> dict[str, Any]:
     import_optuna()
     config.output.mkdir(parents=True, exist_ok=True)
     study = open_study(config)
-    for n in requeue_interrupted(study):
+    for n in requeue_interrupted(study, shared=config.storage is not None):
         log(f"[trial {n}] was interrupted: marked failed, re-run with the same values")
     ran = 0
     while sum(finished(t) for t in study.get_trials(deepcopy=False)) < config.trials:
         run_trial(study, config, log)
         ran += 1
-    return {**write_search(study, config, storage=DB), "ran": ran}
+    return {**write_search(study, config, storage=DB if config.storage is None else _shown(config.storage)),
+            "ran": ran}
+
+
+def _shown(url: str) -> str:
+    """A storage URL without its password, for the report."""
+    head, at, tail = url.rpartition("@")
+    if not at or "://" not in head:
+        return url
+    scheme, _, user = head.partition("://")
+    return f"{scheme}://{user.partition(':')[0]}@{tail}"
