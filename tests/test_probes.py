@@ -134,7 +134,6 @@ def test_probe_batches_agree_with_one_pass():
 
 def test_probes_per_epoch_in_metrics_and_tensorboard(tmp_path):
     from _helpers import run_config
-
     from vitlab.checkpoint import load_model
     from vitlab.data import normalize
     from vitlab.train import RunConfig, train
@@ -179,7 +178,6 @@ def _has(module: str) -> bool:
 @pytest.mark.slow
 def test_depth_study_records_probes_per_layer_and_epoch(tmp_path):
     from _helpers import read_rows
-
     from vitlab.cli import main
 
     out = tmp_path / "depth"

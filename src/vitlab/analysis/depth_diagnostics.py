@@ -78,9 +78,14 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
             "entropy": {"layers": entropy_layers,
                         "values": (entropy / len(images)).tolist() if entropy is not None else []},
             "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)],
-            "probes": model.probe(x, batch_size=batch_size).rows() if hasattr(model, "probe") else []}
+            "probes": _json_rows(model.probe(x, batch_size=batch_size).rows()) if hasattr(model, "probe") else []}
     write_json(path, diag)
     return diag
+
+
+def _json_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with NaN (a probe that does not apply, e.g. register mass without registers) as None (JSON null)."""
+    return [{k: None if isinstance(v, float) and v != v else v for k, v in r.items()} for r in rows]
 
 
 def _collapse_rows(groups: list[Any]) -> list[dict[str, Any]]:
@@ -129,9 +134,9 @@ def probe_columns(rows: list[dict[str, Any]]) -> dict[str, float]:
     and rank residual, the largest max logit of any block, the artifact tokens per image summed over the blocks,
     and the attention mass those artifacts and the register tokens receive, averaged over the blocks."""
     def col(name: str) -> list[float]:
-        return [r[name] for r in rows if r.get(name) == r.get(name)]  # NaN-free
+        return [r[name] for r in rows if isinstance(r.get(name), int | float) and r[name] == r[name]]
 
-    last = rows[-1] if rows else {}
+    last = {k: v for k, v in rows[-1].items() if v is not None} if rows else {}
     logits = col("max_logit")
     return {
         "probe_similarity_last": last.get("token_similarity", float("nan")),
