@@ -10,12 +10,16 @@ from vitlab.atomic import atomic_write
 
 
 def save_confusion_matrix(path: str | Path, confusion: Tensor, classes: list[str], title: str = "") -> Path:
-    """Write ``confusion`` (true x predicted counts) as a PNG heat map with per-cell counts (<= 30 classes)."""
+    """Write ``confusion`` (true x predicted counts) as a PNG heat map with per-cell counts (<= 30 classes); class
+    names that are not valid UTF-8 are drawn with U+FFFD for their undecodable bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from vitlab.train.predict import shown
+
+    classes = [shown(str(c)) for c in classes]  # a folder name that is not UTF-8 cannot be drawn as it is
     k = len(classes)
     counts = confusion.numpy()
     size = max(4.0, min(0.45 * k + 2, 24.0))
