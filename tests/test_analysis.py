@@ -713,9 +713,11 @@ def test_cli_analyze_writes_every_file(tmp_path, capsys):
     assert names == {"collapse_similarity.png", "collapse_similarity.csv", "collapse_layers.csv",
                      "collapse_similar_blocks.png", "residual_ratios.png", "residual_ratios.csv",
                      "attention_heads.png", "attention_rollout.png", "attention_maps.csv", "pos_embed_similarity.png",
-                     "pos_embed_similarity.csv", "summary.json", "index.html"}
+                     "pos_embed_similarity.csv", "probes_layers.csv", "probes_heads.csv", "probes.png",
+                     "artifact_tokens.png", "summary.json", "index.html"}
     html = (out / "index.html").read_text()
     assert "--dataset mnist-5k --num-images 12 --show 3" in html
+    assert "Probes per block" in html and len(read_rows(out / "probes_layers.csv")) == len(read_rows(out / "residual_ratios.csv"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_images"] == 12
     # images are taken class by class, so the three drawn are one digit each

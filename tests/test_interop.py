@@ -18,7 +18,7 @@ from timm.layers import SwiGLU, resample_abs_pos_embed
 from timm.models import adapt_input_conv
 from timm.models.cait import Cait as TimmCait
 from timm.models.deit import VisionTransformerDistilled
-from timm.models.vision_transformer import ParallelScalingBlock, ResPostBlock
+from timm.models.vision_transformer import ParallelScalingBlock, ParallelThingsBlock, ResPostBlock
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import nn
 
@@ -120,13 +120,13 @@ UNSUPPORTED_TIMM = {
     "pre_norm=True": lambda: TimmViT(**SMALL, pre_norm=True),
     "final_norm=False": lambda: TimmViT(**SMALL, final_norm=False),
     "a norm in the patch embedding": lambda: TimmViT(**SMALL, embed_norm_layer="layernorm"),
-    "ParallelScalingBlock blocks": lambda: TimmViT(**SMALL, block_fn=ParallelScalingBlock),
+    "ParallelThingsBlock blocks": lambda: TimmViT(**SMALL, block_fn=ParallelThingsBlock),
+    "fuse_out_proj=True": lambda: TimmViT(**SMALL, block_fn=partial(ParallelScalingBlock, fuse_out_proj=True)),
     "ResPostBlock blocks": lambda: TimmViT(**SMALL, block_fn=ResPostBlock),
     "GELUTanh activation": lambda: TimmViT(**SMALL, act_layer="gelu_tanh"),
     "proj_bias=False": lambda: TimmViT(**SMALL, proj_bias=False),
     "norm eps 1e-05": lambda: TimmViT(**SMALL, norm_layer=partial(nn.LayerNorm, eps=1e-5)),
     "patch dropout": lambda: TimmViT(**SMALL, patch_drop_rate=0.1),
-    "scale_attn_norm=True": lambda: TimmViT(**SMALL, scale_attn_norm=True),
     "pass drop_rate=": lambda: TimmViT(**SMALL, drop_rate=0.1),
     "VisionTransformer or Cait": lambda: nn.Linear(2, 2),
 }
@@ -156,7 +156,8 @@ TO_TIMM_CASES = {
                                                     drop_path_rule="uniform")),
     "sincos2d_avg": ("vit_tiny", dict(SMALL, pos_embed="sincos2d", global_pool="avg")),
     "registers_front": ("vit_tiny", dict(SMALL, reg_tokens=3)),
-    "vit5_without_rope": ("vit5_small", dict(SMALL, rope=False)),
+    # without RoPE on the patches or (rope_layout='halves') on the registers, which the ViT-5 layout rotates anyway
+    "vit5_without_rope": ("vit5_small", dict(SMALL, rope=False, rope_layout="halves")),
     "swiglu_no_pos": ("vit_tiny", dict(SMALL, mlp="swiglu", pos_embed="none")),
     "cait": ("cait_xxs24", dict(SMALL)),
     "cait_rms_avg": ("cait_xxs24", dict(SMALL, norm="rmsnorm", global_pool="avg")),
@@ -337,7 +338,7 @@ def test_resampling_a_smooth_position_embedding_keeps_logits_close(tmp_path: Pat
 
 
 @pytest.mark.parametrize("name,kwargs", [("vit_tiny", dict(reg_tokens=2)), ("vit_tiny", dict(class_token=False,
-                         global_pool="avg")), ("cait_xxs24", {}), ("vit5_small", dict(rope=False))])
+                         global_pool="avg")), ("cait_xxs24", {}), ("vit5_small", dict(rope=False, pos_resample_antialias=True))])
 def test_position_embedding_resampling_keeps_prefix_slots(tmp_path: Path, name: str, kwargs: dict) -> None:
     model = perturb(vitlab.create_model(name, **SMALL, **kwargs))
     save_weights(model.state_dict(), tmp_path / "w.safetensors")

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 DEFAULT_VARIANTS = "vit,layerscale,rezero,skipinit,cait,deepvit"
-ALL_VARIANTS = "vit,layerscale,rezero,skipinit,fixup,tfixup,cait,deepvit"
+ALL_VARIANTS = "vit,layerscale,rezero,skipinit,fixup,tfixup,cait,vit5,deepvit"
 
 
 def register(subparsers: Any) -> None:
@@ -20,7 +20,10 @@ def register(subparsers: Any) -> None:
                     "similar-block counts (DeepViT), residual ratios per block (CaiT). Variants: vit (gate none), "
                     "layerscale (CaiT depth rule init), rezero, skipinit, fixup (Zhang et al. 2019), tfixup (Huang et "
                     "al. 2020; trained without warm-up), cait (cait_xxs24 at the base width, 2 class-attention "
-                    "blocks), deepvit (re-attention; its softmax maps before the head mix are compared too). Runs "
+                    "blocks), vit5 (the vit5_* block at the base width), deepvit (re-attention; its softmax maps "
+                    "before the head mix are compared too), postnorm, "
+                   "deepnorm (Wang et al. 2022), normformer (Shleifer et al. 2021), sigma_reparam (Zhai et al. 2023), "
+                   "parallel (ViT-22B), depth_mup (1/sqrt(depth) branches). Runs "
                     "that end far below the data set's reference accuracy are marked under-trained. Writes "
                     "results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, figures and index.html.")
     p.add_argument("--dataset", default="mnist-5k", help="data set (default mnist-5k)")
@@ -34,6 +37,9 @@ def register(subparsers: Any) -> None:
                                                              "(default 64)")
     p.add_argument("--threshold", type=float, default=0.9,
                    help="similarity above which two blocks count as similar (default 0.9)")
+    p.add_argument("--probe-images", type=int, default=64, metavar="N",
+                   help="training images each run's per-layer probes (docs/analysis.md) are measured on after every "
+                        "epoch; 0: at the end only (default 64)")
     p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                    help="model option for every variant (repeatable), e.g. --set global_pool=token; not one the "
                         "variants set (depth, gate, attn, init_values)")
@@ -63,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     config = DepthStudyConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants),
                               base_run_config(args, dataset=args.dataset), args.output, args.seeds, args.num_images,
                               args.threshold, parse_set(args.set), args.analyze_runs, command_line(args), args.logger,
-                              finished_only=args.finished_only, executor=executor_config(args))
+                              finished_only=args.finished_only, executor=executor_config(args),
+                              probe_images=args.probe_images)
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

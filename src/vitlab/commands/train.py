@@ -7,7 +7,8 @@ import os
 from typing import Any
 
 # CLI flag -> ModelConfig field (timm: keyword argument)
-MODEL_FLAGS = ("img_size", "patch_size", "in_chans", "depth", "embed_dim", "num_heads", "mlp_ratio", "gate", "attn")
+MODEL_FLAGS = ("img_size", "patch_size", "in_chans", "depth", "embed_dim", "num_heads", "mlp_ratio", "gate", "attn",
+               "block", "reg_tokens")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--embed-dim", type=int, default=S)
     g.add_argument("--num-heads", type=int, default=S)
     g.add_argument("--mlp-ratio", type=float, default=S)
-    g.add_argument("--gate", default=S, help="none | layerscale | rezero | skipinit | scalar | fixup | tfixup")
+    g.add_argument("--gate", default=S,
+                   help="none | layerscale | rezero | skipinit | scalar | depth_mup | fixup | tfixup")
+    g.add_argument("--block", default=S, help="prenorm | postnorm | deepnorm | parallel (ViT block layout)")
+    g.add_argument("--reg-tokens", type=int, default=S, metavar="N", help="N register tokens (Darcet et al. 2024), "
+                   "left out of the pooling")
     g.add_argument("--attn", default=S, help="mhsa | talking_heads | reattention")
     g.add_argument("--drop-path", type=float, default=S, help="stochastic depth rate (the model's drop_path_rate)")
     g.add_argument("--drop-path-rule", choices=("uniform", "linear"), default=S)
@@ -70,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--config", default=S, help="YAML file of run options; flags override it")
     g.add_argument("--output", default=S, help="output folder (default runs/MODEL_DATASET_TIME)")
     g.add_argument("--resume", default=S, metavar="DIR", help="continue the run saved in DIR exactly")
+    g.add_argument("--force", action="store_true", default=S,
+                   help="write into an --output folder that is not a vitlab run folder (no vitlab config.json) "
+                        "although it holds files a run replaces (metrics.jsonl, summary.json, state.pt...)")
     g.add_argument("--no-verify", dest="verify", action="store_false", default=S,
                    help="--resume from a state.pt whose SHA-256 no longer matches its manifest.json (edited on "
                         "purpose)")
@@ -99,7 +107,7 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
     from vitlab.train.options import parse_set
 
     given = dict(vars(args))
-    for key in ("func", "command", "config", "resume", "verify"):
+    for key in ("func", "command", "config", "resume", "verify", "force"):
         given.pop(key, None)
     options = load_yaml(args.config) if getattr(args, "config", None) else {}
     overrides = dict(options.get("model_overrides") or {})
@@ -125,10 +133,10 @@ def run(args: argparse.Namespace) -> int:
     options = cli_options(args)
     resume = getattr(args, "resume", None)
     if resume is not None:
-        cfg = resumed_run_config(resume, options)
+        cfg = resumed_run_config(resume, options, verify=getattr(args, "verify", True))
     else:
         cfg = RunConfig.from_dict(options, "command line")
-    result = train(cfg, resume=resume, verify=getattr(args, "verify", True))
+    result = train(cfg, resume=resume, verify=getattr(args, "verify", True), force=getattr(args, "force", False))
     if result.exit_code or os.environ.get("RANK", "0") != "0":
         return result.exit_code
     s = result.summary

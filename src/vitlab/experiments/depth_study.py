@@ -1,6 +1,6 @@
-"""The depth study: accuracy against depth for ViT, LayerScale, ReZero, SkipInit, Fixup, T-Fixup, CaiT and DeepViT at
-one width, with the diagnostics of ``vitlab analyze`` for every run (attention collapse, residual ratios per block:
-:mod:`vitlab.analysis.depth_diagnostics`, figures: :mod:`vitlab.analysis.depth_plots`).
+"""The depth study: accuracy against depth for ViT, LayerScale, ReZero, SkipInit, Fixup, T-Fixup, CaiT, ViT-5 and
+DeepViT at one width, with the diagnostics of ``vitlab analyze`` for every run (attention collapse, residual ratios
+per block: :mod:`vitlab.analysis.depth_diagnostics`, figures: :mod:`vitlab.analysis.depth_plots`).
 
 This makes the CaiT claim (LayerScale and class-attention let deeper models train) and the DeepViT claim
 (attention maps of deep ViTs become alike across layers, re-attention keeps them apart) testable on data
@@ -26,7 +26,8 @@ from vitlab.experiments.values import split_list, unknown_option
 
 SHARED = ("img_size", "patch_size", "in_chans", "embed_dim", "num_heads", "mlp_ratio", "pos_embed")
 NO_DIAGNOSTICS: dict[str, Any] = {"residual_ratios": [], "collapse": [], "collapse_pre_mix": []}  # a failed run's
-VARIANT_KEYS = ("depth", "gate", "attn", "init_values", "depth_token_only")  # what the variants differ by
+VARIANT_KEYS = ("depth", "gate", "attn", "init_values", "depth_token_only", "block", "scale_attn_norm",
+                "scale_mlp_norm", "sigma_reparam")  # what the variants differ by
 
 
 def _vit(gate: str, layerscale_init: bool = False, **extra: Any) -> Callable[[str, int], tuple[str, dict]]:
@@ -50,6 +51,15 @@ def _cait(base: str, depth: int) -> tuple[str, dict]:
     return "cait_xxs24", {**shared, "depth": depth, "depth_token_only": 2, "init_values": cait_init_value(depth)}
 
 
+def _vit5(base: str, depth: int) -> tuple[str, dict]:
+    """The ViT-5 block (the ``vit5_*`` presets: RMSNorm, QK-norm, LayerScale 1e-4, registers, RoPE) at the width of
+    ``base``."""
+    from vitlab.models import get_config
+
+    cfg = get_config(base)
+    return "vit5_small", {**{k: getattr(cfg, k) for k in SHARED}, "depth": depth}
+
+
 VARIANTS: dict[str, Callable[[str, int], tuple[str, dict]]] = {
     "vit": _vit("none"),
     "layerscale": _vit("layerscale", layerscale_init=True),
@@ -58,7 +68,14 @@ VARIANTS: dict[str, Callable[[str, int], tuple[str, dict]]] = {
     "fixup": _vit("fixup"),
     "tfixup": _vit("tfixup"),
     "cait": _cait,
+    "vit5": _vit5,
     "deepvit": _vit("none", attn="reattention"),
+    "postnorm": _vit("none", block="postnorm"),
+    "deepnorm": _vit("none", block="deepnorm"),
+    "normformer": _vit("none", scale_attn_norm=True, scale_mlp_norm=True),
+    "sigma_reparam": _vit("none", sigma_reparam=True),
+    "parallel": _vit("none", block="parallel"),
+    "depth_mup": _vit("depth_mup"),
 }
 DESCRIPTIONS = {
     "vit": "plain pre-norm ViT (gate none)",
@@ -70,7 +87,18 @@ DESCRIPTIONS = {
     "tfixup": "T-Fixup: pre-norms removed, no gate, Xavier init with v, proj, fc1, fc2 scaled by 0.67 depth^-1/4 "
               "and the input embedding by (9 depth)^-1/4; trained without warm-up (warmup_epochs=0)",
     "cait": "CaiT: talking-heads self-attention with LayerScale on the patches, then 2 class-attention blocks",
+    "vit5": "ViT-5 (Wang et al.): RMSNorm, QK-norm, no qkv bias, LayerScale 1e-4, 4 registers after the patches, "
+            "2-D RoPE on patches and registers (the vit5_* presets, the authors' layout)",
     "deepvit": "DeepViT: re-attention (a learnable heads x heads mix of the maps, then a norm) in every block",
+    "postnorm": "post-norm blocks (Vaswani et al. 2017): x = LN(x + f(x))",
+    "deepnorm": "DeepNorm (Wang et al. 2022): x = LN(alpha x + f(x)), alpha = (2 depth)^1/4, v, proj and MLP drawn "
+                "Xavier with gain (8 depth)^-1/4",
+    "normformer": "NormFormer's extra norms (Shleifer et al. 2021; timm's scale_attn_norm, scale_mlp_norm): a norm "
+                  "before attn.proj and one after the MLP's activation",
+    "sigma_reparam": "sigma-Reparam (Zhai et al. 2023): every block linear uses gamma / sigma(W) * W, sigma by one "
+                     "power-iteration step per training forward",
+    "parallel": "parallel blocks (ViT-22B, Dehghani et al. 2023): x + attn(LN(x)) + mlp(LN(x))",
+    "depth_mup": "depth-muP (Yang et al. 2023, Bordelon et al. 2023): each residual branch times 1/sqrt(depth)",
 }
 
 
@@ -159,6 +187,25 @@ def per_layer_rows(spec: RunSpec, diag: dict[str, Any]) -> tuple[list[dict], lis
     return ratios, layers
 
 
+def probe_rows(spec: RunSpec, diag: dict[str, Any], run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The per-layer probes of one run: at the end (its diagnostics images) and per epoch (the probe columns of its
+    ``metrics.jsonl``: the first ``probe_images`` training images), keyed by variant, depth and seed."""
+    from vitlab.train.logging import read_metrics
+
+    key = {k: spec.info[k] for k in ("variant", "depth", "seed")}
+    end = [{**key, **r} for r in diag.get("probes", [])]
+    epochs = []
+    for row in read_metrics(run_dir):
+        per_layer: dict[int, dict[str, Any]] = {}
+        for name, value in row.items():
+            parts = name.split("/")
+            if len(parts) == 3 and parts[0] == "probe" and parts[2].startswith("block"):
+                per_layer.setdefault(int(parts[2][5:]), {})[parts[1]] = value
+        epochs += [{**key, "epoch": row.get("epoch"), "layer": layer, **values}
+                   for layer, values in sorted(per_layer.items())]
+    return end, epochs
+
+
 def aggregate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and standard deviation over seeds per variant and depth."""
     return aggregate_runs(rows, ("variant", "depth"), value_columns(VALUES, any("val_acc" in r for r in rows)))
@@ -183,8 +230,10 @@ def best_depths(agg: list[dict[str, Any]], variants: list[str]) -> str:
 
 def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows: list[dict],
                 deepest: dict[str, dict[str, Any]], *, variants: list[str], depths: list[int], threshold: float,
-                title: str, command: str, meta: dict[str, Any]) -> dict[str, Any]:
-    """results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, the figures, summary.json, index.html."""
+                title: str, command: str, meta: dict[str, Any], probe_layers: list[dict] | None = None,
+                probe_epochs: list[dict] | None = None) -> dict[str, Any]:
+    """results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, probes_layers.csv, probes_epochs.csv,
+    the figures, summary.json, index.html."""
     from vitlab.analysis.depth_plots import (
         plot_accuracy,
         plot_against_depth,
@@ -215,6 +264,29 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
     plot_similar_blocks(layer_rows, variants, depths, threshold, out / "similar_blocks.png")
     figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similar_blocks.png"]
+    probe_sections = []
+    if probe_layers:
+        from vitlab.analysis.depth_plots import plot_probe_epochs, plot_probes
+
+        write_csv(out / "probes_layers.csv", probe_layers)
+        files = ["probes_layers.csv"]
+        plot_probes(agg, probe_layers, variants, max(depths), out / "probes_vs_depth.png")
+        figures.append("probes_vs_depth.png")
+        shown = ["probes_vs_depth.png"]
+        if probe_epochs:
+            write_csv(out / "probes_epochs.csv", probe_epochs)
+            files.append("probes_epochs.csv")
+            plot_probe_epochs(probe_epochs, variants, max(depths), out / "probes_epochs.png")
+            figures.append("probes_epochs.png")
+            shown.append("probes_epochs.png")
+        probe_sections.append(Section(
+            "Probes against depth", "Per variant and depth, mean over seeds, on the diagnostics images: the last "
+            "block's token similarity (mean pairwise cosine of the patch tokens; over-smoothing) and effective rank "
+            "of the centred patch tokens (Roy & Vetterli 2007), the largest pre-softmax attention logit of any block "
+            "(Dehghani et al. 2023), and the high-norm artifact tokens per image summed over the blocks (norm > "
+            "median + 6 robust standard deviations; Darcet et al. 2024); below them the same per block at the "
+            "deepest depth. The per-epoch figure follows the deepest runs during training on a fixed batch of "
+            "training images (never test images). docs/analysis.md defines each probe.", shown, files))
     sim_name = f"similarity_depth{max(depths)}.png"
     if deepest:
         plot_similarity(deepest, max(depths), out / sim_name)
@@ -243,6 +315,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                 "counts, for each layer, the other layers whose maps are above the threshold (DeepViT's number of "
                 "similar blocks).", ["collapse_vs_depth.png", "similar_blocks.png"]
                 + ([sim_name] if deepest else []), ["collapse_layers.csv"]),
+        *probe_sections,
         Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (Touvron et al. "
                 "2021, CaiT), mean over the test images used for the diagnostics and over seeds.",
                 ["residual_ratios.png"], ["residual_ratios.csv"]),
@@ -279,6 +352,7 @@ class DepthStudyConfig:
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
     finished_only: bool = False  # train nothing; tables from the runs already finished
     executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
+    probe_images: int = 64  # training images each run's per-epoch probes use (0: probes at the end only)
 
 
 def variant_notes(variants: list[str]) -> list[str]:
@@ -312,6 +386,8 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
 
     base_model = check_depth_study(config)
     depths, variants, cfg = sorted(config.depths), config.variants, config.run
+    if config.probe_images and not cfg.probe_images:
+        cfg = cfg.replace(probe_images=config.probe_images)
     specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared)
     out = check_output(config.output)
     pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only, executor=config.executor)
@@ -321,7 +397,7 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
                            in_chans=base_model.in_chans)
     n = min(config.num_images, len(test))
     mean, std = normalization(cfg.dataset, base_model.in_chans)
-    rows, ratio_rows, layer_rows, deepest = [], [], [], {}
+    rows, ratio_rows, layer_rows, deepest, probe_layers, probe_epochs = [], [], [], {}, [], []
     validation = has_validation(summary for _, summary in pairs)
     for i, (spec, summary) in enumerate(pairs):
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
@@ -332,12 +408,16 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
         ratios, layers = per_layer_rows(spec, diag)
         ratio_rows += ratios
         layer_rows += layers
+        end, epochs = probe_rows(spec, diag, out / spec.name)
+        probe_layers += end
+        probe_epochs += epochs
         if spec.info["depth"] == depths[-1] and spec.info["seed"] == 0:
             deepest[spec.info["variant"]] = diag
     meta = {"base": config.base, "dataset": cfg.dataset, "depths": depths, "variants": variants,
             "seeds": config.seeds, "num_images": n, "threshold": config.threshold, "run_config": cfg.to_dict()}
     title = f"Depth study on {cfg.dataset} (width of {config.base})"
     result = write_study(out, rows, ratio_rows, layer_rows, deepest, variants=variants, depths=depths,
-                         threshold=config.threshold, title=title, command=config.command, meta=meta)
+                         threshold=config.threshold, title=title, command=config.command, meta=meta,
+                         probe_layers=probe_layers, probe_epochs=probe_epochs)
     track_study(out, config.logger, pairs, meta)
     return {**result, "out": out}

@@ -22,6 +22,8 @@ from timm.layers import Mlp as TimmMlp
 from timm.layers import RmsNorm as TimmRmsNorm
 from timm.layers import SwiGLU as TimmSwiGLU
 from timm.models.cait import Cait as TimmCait
+from timm.models.vision_transformer import Block as TimmBlock
+from timm.models.vision_transformer import ParallelScalingBlock
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import Tensor, nn
 
@@ -40,6 +42,9 @@ def timm_unsupported(model: VitlabModel) -> list[str]:
         out.append("DeepViT re-attention (attn='reattention')")
     if cfg.rope:
         out.append("ViT-5 2-D RoPE (rope=True)")
+    elif cfg.rotates:
+        out.append("ViT-5 RoPE on the registers (rope_layout='vit5' rotates registers after the patches even with "
+                   "rope=False; set rope_layout='halves' or reg_position='front')")
     if cfg.stem == "conv":
         out.append("DeepViT's convolutional stem (stem='conv')")
     if cfg.gate == "rezero":
@@ -52,6 +57,15 @@ def timm_unsupported(model: VitlabModel) -> list[str]:
         out.append(f"{cfg.mlp} MLPs in CaiT")
     if cfg.arch == "cait" and cfg.qk_norm:
         out.append("QK-norm in CaiT")
+    if cfg.block in ("postnorm", "deepnorm"):
+        out.append(f"{cfg.block} blocks (block={cfg.block!r}; timm's ResPostBlock normalises the branch, not the sum)")
+    if cfg.block == "parallel" and (cfg.mlp != "gelu" or cfg.gate not in ("none", "layerscale")):
+        out.append("a parallel block with a SwiGLU MLP or a scalar gate (timm's ParallelScalingBlock has a GELU MLP "
+                   "and one LayerScale)")
+    if cfg.sigma_reparam:
+        out.append("sigma-Reparam linears (sigma_reparam=True)")
+    if cfg.gate == "depth_mup":
+        out.append("the depth-muP gate (gate='depth_mup')")
     if (cfg.arch == "vit" and cfg.reg_tokens and cfg.reg_position == "end" and cfg.pos_embed_cls
             and cfg.class_token and cfg.pos_embed != "none"):
         out.append("registers after the patches while the class token has a position slot (reg_position='end', "
@@ -80,8 +94,11 @@ def timm_model_for(model: VitlabModel) -> nn.Module:
                      class_token=cfg.class_token, reg_tokens=cfg.reg_tokens,
                      pos_embed="none" if cfg.pos_embed == "none" else "learn", no_embed_class=slots == 0,
                      fc_norm=cfg.fc_norm, norm_layer=norm, mlp_layer=TimmSwiGLU if cfg.mlp == "swiglu" else TimmMlp,
-                     act_layer=nn.SiLU if cfg.mlp == "swiglu" else nn.GELU)
-        blocks = [(b, ("drop_path1", "drop_path2")) for b in tm.blocks]
+                     act_layer=nn.SiLU if cfg.mlp == "swiglu" else nn.GELU, scale_attn_norm=cfg.scale_attn_norm,
+                     scale_mlp_norm=cfg.scale_mlp_norm,
+                     block_fn=ParallelScalingBlock if cfg.block == "parallel" else TimmBlock)
+        names = ("drop_path",) if cfg.block == "parallel" else ("drop_path1", "drop_path2")
+        blocks = [(b, names) for b in tm.blocks]
     for (blk, names), rate in zip(blocks, drop_path_rates(cfg.drop_path_rate, cfg.depth, cfg.drop_path_rule)):
         for name in names:
             setattr(blk, name, DropPath(rate) if rate > 0 else nn.Identity())
@@ -174,12 +191,63 @@ def to_timm_state_dict(model: VitlabModel) -> dict[str, Tensor]:
     for rule in conversion_rules(model):
         value = state.pop(rule.vitlab_key) if rule.vitlab_key else None
         state[rule.timm_key] = rule.to_timm(value)
+    for prefix in _parallel_prefixes(model):
+        _parallel_to_timm(state, prefix)
     return state
+
+
+# vitlab's parallel block -> timm's ParallelScalingBlock: names that move unchanged (vitlab, timm)
+_PARALLEL_NAMES = (("norm1.", "in_norm."), ("attn.q_norm.", "q_norm."), ("attn.k_norm.", "k_norm."),
+                   ("attn.proj.", "attn_out_proj."), ("mlp.fc2.", "mlp_out_proj."))
+
+
+def _parallel_prefixes(model: VitlabModel) -> list[str]:
+    return [f"blocks.{i}." for i in range(len(model.blocks))] if model.cfg.block == "parallel" else []
+
+
+def _parallel_to_timm(state: dict[str, Tensor], p: str) -> None:
+    """One parallel block to timm's layout: ``in_proj = [mlp.fc1; attn.qkv]`` (the MLP rows first), the MLP's
+    bias in ``in_proj.bias`` (with the qkv bias) or ``mlp_bias`` (without), one LayerScale ``ls`` for both."""
+    for ours, theirs in _PARALLEL_NAMES:
+        for k in [k for k in state if k.startswith(p + ours)]:
+            state[p + theirs + k[len(p + ours):]] = state.pop(k)
+    state[p + "in_proj.weight"] = torch.cat([state.pop(p + "mlp.fc1.weight"), state.pop(p + "attn.qkv.weight")])
+    fc1_bias, qkv_bias = state.pop(p + "mlp.fc1.bias"), state.pop(p + "attn.qkv.bias", None)
+    if qkv_bias is None:
+        state[p + "mlp_bias"] = fc1_bias
+    else:
+        state[p + "in_proj.bias"] = torch.cat([fc1_bias, qkv_bias])
+    if p + "ls1.gamma" in state:
+        g1, g2 = state.pop(p + "ls1.gamma"), state.pop(p + "ls2.gamma")
+        if not torch.equal(g1, g2):
+            raise CheckpointError(f"{p}ls1.gamma and {p}ls2.gamma differ, and timm's ParallelScalingBlock has one "
+                                  f"LayerScale for both branches; keep this model in vitlab's format")
+        state[p + "ls.gamma"] = g1
+
+
+def _parallel_from_timm(state: dict[str, Tensor], p: str, hidden: int) -> None:
+    """The inverse of :func:`_parallel_to_timm` (``hidden``: the MLP width, the first rows of ``in_proj``)."""
+    for ours, theirs in _PARALLEL_NAMES:
+        for k in [k for k in state if k.startswith(p + theirs)]:
+            state[p + ours + k[len(p + theirs):]] = state.pop(k)
+    w = state.pop(p + "in_proj.weight")
+    state[p + "mlp.fc1.weight"], state[p + "attn.qkv.weight"] = w[:hidden], w[hidden:]
+    if p + "in_proj.bias" in state:
+        b = state.pop(p + "in_proj.bias")
+        state[p + "mlp.fc1.bias"], state[p + "attn.qkv.bias"] = b[:hidden], b[hidden:]
+    else:
+        state[p + "mlp.fc1.bias"] = state.pop(p + "mlp_bias")
+    if p + "ls.gamma" in state:
+        g = state.pop(p + "ls.gamma")
+        state[p + "ls1.gamma"], state[p + "ls2.gamma"] = g, g.clone()
 
 
 def from_timm_state_dict(state: dict[str, Tensor], model: VitlabModel) -> dict[str, Tensor]:
     """A timm-layout (or already vitlab-layout) state dict under ``model``'s names."""
     state = dict(state)
+    for prefix in _parallel_prefixes(model):
+        if prefix + "in_proj.weight" in state:
+            _parallel_from_timm(state, prefix, int(model.cfg.embed_dim * model.cfg.mlp_ratio))
     for rule in conversion_rules(model):
         if rule.vitlab_key in state or rule.timm_key not in state:
             continue

@@ -38,10 +38,11 @@ class AttentionBase(nn.Module):
 
     _maps: list[Tensor] | None = None
     _pre_mix: list[Tensor] | None = None
+    _logits: list[Tensor] | None = None
 
     @property
     def recording(self) -> bool:
-        return self._maps is not None or self._pre_mix is not None
+        return self._maps is not None or self._pre_mix is not None or self._logits is not None
 
     @property
     def mixes_heads_after_softmax(self) -> bool:
@@ -56,6 +57,10 @@ class AttentionBase(nn.Module):
     def _record_pre_mix(self, attn: Tensor) -> None:
         if self._pre_mix is not None:
             self._pre_mix.append(attn)
+
+    def _record_logits(self, logits: Tensor) -> None:
+        if self._logits is not None:
+            self._logits.append(logits)
 
 
 @contextlib.contextmanager
@@ -85,6 +90,13 @@ def record_pre_mix(modules: Iterable[nn.Module]) -> contextlib.AbstractContextMa
                       "_pre_mix")
 
 
+def record_logits(modules: Iterable[nn.Module]) -> contextlib.AbstractContextManager[list[Tensor]]:
+    """Within the block, every attention module appends its pre-softmax logits ``Q K^T / sqrt(d)``
+    ``(B, heads, T_q, T_k)`` (before any head mix) to the yielded list in call order and takes its explicit path;
+    the logit growth that precedes divergence (Dehghani et al. 2023, ViT-22B) is read from them."""
+    return _recording([m for m in modules if isinstance(m, AttentionBase)], "_logits")
+
+
 def mix_heads(attn: Tensor, mix: nn.Linear) -> Tensor:
     """``mix`` applied over the head axis of ``(B, H, T_q, T_k)`` maps (talking heads), as one batched
     matmul on the contiguous maps: the same sums as ``mix(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)``
@@ -105,7 +117,7 @@ class Attention(AttentionBase):
 
     def __init__(self, dim: int, num_heads: int = 8, *, qkv_bias: bool = True, qk_norm: bool = False,
                  talking_heads: bool = False, norm_layer: type[nn.Module] = LayerNorm,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, scale_norm: bool = False) -> None:
         super().__init__()
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
@@ -118,6 +130,8 @@ class Attention(AttentionBase):
             self.proj_l = nn.Linear(num_heads, num_heads)
             self.proj_w = nn.Linear(num_heads, num_heads)
         self.attn_drop = nn.Dropout(attn_drop)
+        # scale_norm: a norm of the heads' output before proj (timm's scale_attn_norm; NormFormer, Shleifer et al. 2021)
+        self.norm = norm_layer(dim) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.fused: bool | None = None  # None: the faster path per call; True: SDPA; False: explicit
@@ -137,7 +151,7 @@ class Attention(AttentionBase):
         else:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         x = x.transpose(1, 2).reshape(B, T, C)  # (B, H, T, d) -> (B, T, C)
-        return self.proj_drop(self.proj(x))
+        return self.proj_drop(self.proj(self.norm(x)))
 
     @property
     def mixes_heads_after_softmax(self) -> bool:
@@ -156,6 +170,7 @@ class Attention(AttentionBase):
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
+        self._record_logits(attn)
         if self.talking_heads:
             attn = mix_heads(attn, self.proj_l)  # mix heads before the softmax
         attn = attn.softmax(dim=-1)
@@ -175,6 +190,8 @@ class Attention(AttentionBase):
         extra = t * c + h * t * t  # q * scale, softmax division
         if isinstance(self.q_norm, nn.Module) and hasattr(self.q_norm, "flop_count"):
             extra += 2 * self.q_norm.flop_count(t * h)
+        if hasattr(self.norm, "flop_count"):
+            extra += self.norm.flop_count(t)
         if rope:
             extra += 2 * 2 * t * c  # q and k: x * cos + rot(x) * sin
         return macs + extra

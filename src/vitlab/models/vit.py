@@ -13,12 +13,14 @@ from torch import Tensor, nn
 
 from vitlab.layers import (
     Attention,
-    Block,
     ConvStem,
     PatchEmbed,
     ReAttention,
+    apply_sigma_reparam,
+    block_layer,
     build_pos_embed,
     drop_path_rates,
+    init_block_variants,
     layout_rope,
     mlp_layer,
     norm_layer,
@@ -53,22 +55,28 @@ def block_attention(cfg: ModelConfig, index: int) -> tuple[type[nn.Module], dict
             return ReAttention, dict(qkv_bias=cfg.qkv_bias, norm=cfg.reattn_norm, scale=cfg.reattn_scale,
                                      attn_drop=cfg.attn_drop_rate)
     return Attention, dict(qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_layer=norm,
-                           talking_heads=cfg.attn == "talking_heads", attn_drop=cfg.attn_drop_rate)
+                           talking_heads=cfg.attn == "talking_heads", attn_drop=cfg.attn_drop_rate,
+                           scale_norm=cfg.scale_attn_norm)
 
 
 def make_blocks(cfg: ModelConfig) -> nn.ModuleList:
-    """The ``depth`` self-attention blocks of ``cfg``; CaiT's LayerScale blocks register their gates first (the
-    parameter order of timm's ``Cait``, see :class:`~vitlab.layers.Block`)."""
+    """The ``depth`` self-attention blocks of ``cfg`` in its ``block`` layout (:mod:`vitlab.layers.block_variants`),
+    with sigma-Reparam's linears when asked; CaiT's LayerScale blocks register their gates first (the parameter
+    order of timm's ``Cait``, see :class:`~vitlab.layers.Block`)."""
     gates_first = cfg.arch == "cait" and cfg.gate == "layerscale"
     rates = drop_path_rates(cfg.drop_path_rate, cfg.depth, cfg.drop_path_rule)
-    blocks = []
+    blocks, layer = [], block_layer(cfg.block)
     for i in range(cfg.depth):
         attn_layer, attn_kwargs = block_attention(cfg, i)
-        blocks.append(Block(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, attn_layer=attn_layer,
+        blocks.append(layer(cfg.embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, attn_layer=attn_layer,
                             attn_kwargs=attn_kwargs, mlp_layer=mlp_layer(cfg.mlp), norm_layer=norm_layer(cfg.norm),
                             gate=cfg.gate, init_values=cfg.gate_init_value(), drop_path=rates[i],
-                            proj_drop=cfg.drop_rate, gates_first=gates_first))
-    return nn.ModuleList(blocks)
+                            proj_drop=cfg.drop_rate if cfg.drop_rate_at == "all" else 0.0, gates_first=gates_first,
+                            depth=cfg.depth, scale_mlp_norm=cfg.scale_mlp_norm))
+    stack = nn.ModuleList(blocks)
+    if cfg.sigma_reparam:
+        apply_sigma_reparam(stack)
+    return stack
 
 
 class VisionTransformer(ResizableInput, VitlabModel):
@@ -100,8 +108,9 @@ class VisionTransformer(ResizableInput, VitlabModel):
             self.pos_embed = nn.Parameter(table)
         else:  # fixed sin-cos: a buffer under timm's name, saved with the weights
             self.register_buffer("pos_embed", table)
-        self.pos_drop = nn.Dropout(cfg.drop_rate)
-        if cfg.rope:
+        # drop_rate_at='head': the ViT-5 code drops out only before the head
+        self.pos_drop = nn.Dropout(cfg.drop_rate if cfg.drop_rate_at == "all" else 0.0)
+        if cfg.rotates:
             self.register_buffer("rope", self._rope_table(self.grid_size), persistent=False)  # (2, T, head_dim)
         else:
             self.rope = None
@@ -121,7 +130,7 @@ class VisionTransformer(ResizableInput, VitlabModel):
     def _rope_table(self, grid: int | tuple[int, int]) -> Tensor:
         cfg = self.cfg
         return layout_rope(self.num_front, grid, self.num_end, cfg.embed_dim // cfg.num_heads, cfg.rope_theta,
-                           cfg.reg_rope_theta)
+                           cfg.reg_rope_theta, layout=cfg.rope_layout, patches=cfg.rope)
 
     def _input_size_changed(self) -> None:
         if self.rope is not None:
@@ -137,12 +146,15 @@ class VisionTransformer(ResizableInput, VitlabModel):
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         for tok in (self.cls_token, self.reg_token):
-            if tok is not None:
-                nn.init.normal_(tok, std=1e-6)
+            if tok is not None and self.cfg.token_init_std is None:
+                nn.init.normal_(tok, std=1e-6)  # timm
+            elif tok is not None:  # the ViT-5 code, DeiT III: trunc_normal_(std=0.02)
+                nn.init.trunc_normal_(tok, std=self.cfg.token_init_std)
         init_vit_weights(self, self.cfg.weight_init)
         for m in self.modules():
             if isinstance(m, ReAttention):
                 m.reset_parameters()
+        init_block_variants(self)  # DeepNorm's init, sigma-Reparam's state (no-ops otherwise)
         if self.cfg.gate == "fixup":
             init_fixup(list(self.blocks), self.head)
         elif self.cfg.gate == "tfixup":

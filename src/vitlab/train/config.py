@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import time
 import typing
 from dataclasses import dataclass, field
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.catalog import dataset_info
-from vitlab.checkpoint import CONFIG
 from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
 from vitlab.models.registry import resolve_spec
@@ -25,6 +25,7 @@ from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
 from vitlab.train.distributed import DistContext
 from vitlab.train.lock import check_free
 from vitlab.train.options import coerce_value
+from vitlab.train.output import check_new_run, check_path
 from vitlab.train.tracking import check_logger
 
 __all__ = ["AUGMENT_DEFAULTS", "NO_AUGMENT", "RunConfig", "RunModel", "canonical_dataset", "coerce", "for_data",
@@ -122,6 +123,7 @@ class RunConfig:
     output: str | None = None
     progress: bool = True
     logger: str = "none"  # experiment tracking: none | tensorboard | mlflow | wandb (vitlab.train.tracking)
+    probe_images: int = 0  # each epoch row also holds the per-layer probes on the first N training images (0: off)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -160,6 +162,9 @@ class RunConfig:
                 if v is not None and not (low(v) and high(v)):
                     flag = key.replace("_", "-")
                     raise ConfigError(f"{key} must be in {interval}, got {_num(v)}; fix --{flag} ({why})")
+        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
+            raise ConfigError(f"min_lr {_num(self.min_lr)} is above lr {_num(self.lr)}: the cosine schedule would "
+                              f"climb to it instead of decaying; give --min-lr at most --lr (ViTs use about 1e-5)")
         if self.val_split is not None and not 0 < self.val_split < 1:
             raise ConfigError(f"val_split must be a fraction in (0, 1), got {self.val_split}; e.g. --val-split 0.1")
         if self.val_split is not None and self.val_size is not None:
@@ -195,6 +200,7 @@ LIMITS: dict[str, tuple[Any, Any, str, str]] = {key: (*_interval(*bounds, **kw),
     ("threads", (1, 4096), {}, "threads per process"),
     ("slices", (1, 4096), {}, "concurrent slices of a batch, one thread each"),
     ("checkpoint_every", (0, 1e12), {}, "steps between checkpoints, 0 for epoch ends only"),
+    ("probe_images", (0, 100_000), {}, "training images the per-epoch probes run on, 0 for none"),
     ("lr", (0, 10), dict(open_low=True), "AdamW moves each weight by about lr per step, so above 10 the first "
                                           "step destroys the model; ViTs train at 1e-4 to 1e-2"),
     ("min_lr", (0, 10), {}, "the end of the cosine schedule; ViTs use about 1e-5"),
@@ -235,24 +241,35 @@ def model_defaults(dataset: str) -> dict[str, Any]:
 
 
 def settle(cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
-           init_weights: str | Path | None = None) -> tuple[RunConfig, RunModel, Path]:
+           init_weights: str | Path | None = None, force: bool = False) -> tuple[RunConfig, RunModel, Path]:
     """The first stage of a run, before any data loads: the config checked (data set name made canonical, every
     value in range), its model config resolved once (:func:`resolve_run_model`), and the output folder (the same on
-    every process), refused when another run writes there or a new run would overwrite a checkpoint."""
+    every process), refused when another run writes there, a new run would overwrite a checkpoint or, unless
+    ``force``, files in a folder without vitlab's marker (:mod:`vitlab.train.output`), or it sits in the data."""
     cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
     cfg.validate()
     if resume is not None and init_weights is not None:
         raise ConfigError("a resumed run continues from its own weights; drop the initial weights, or start a new "
                           "run with another --output")
     run_model = resolve_run_model(cfg)
+    if resume is None and ctx.is_main:
+        warn_long_warmup(cfg)
     out = Path(cfg.output) if cfg.output else (Path(resume) if resume else default_output(cfg))
     out = Path(ctx.broadcast_object(str(out)))
+    check_path(out, cfg.data_dir)
     if ctx.is_main:
         check_free(out)  # a live run writes there
-    if resume is None and (out / CONFIG).exists():
-        raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick "
-                          "another --output (or delete the folder)")
+    check_new_run(out, resume=resume, force=force)
     return cfg, run_model, out
+
+
+def warn_long_warmup(cfg: RunConfig) -> None:
+    """One line on stderr when a warm-up given is longer than the run: the learning rate then never reaches --lr
+    nor decays (allowed, as a study of warm-ups may want it)."""
+    if cfg.warmup_epochs is not None and cfg.epochs is not None and cfg.warmup_epochs > cfg.epochs:
+        print(f"vitlab train: warning: the warm-up ({_num(cfg.warmup_epochs)} epochs) is longer than the run "
+              f"({cfg.epochs} epochs), so the learning rate peaks at {100 * cfg.epochs / cfg.warmup_epochs:.0f}% of "
+              f"--lr and never decays; pass --warmup-epochs {cfg.epochs} or less", file=sys.stderr, flush=True)
 
 
 def default_output(cfg: RunConfig) -> Path:

@@ -3,8 +3,10 @@ and the run's summary.
 
 Every step reseeds all RNGs from (seed, epoch, step, rank) and every epoch's order is a function of
 (seed, epoch), so the same seed gives the same metrics on CPU and ``--resume`` continues bit-exactly from
-any saved step. SIGINT/SIGTERM save a resumable checkpoint and stop (exit 130/143); a non-finite loss
-stops the run (or with ``skip_nonfinite`` skips the step) and keeps the last good checkpoint.
+any saved step. SIGINT/SIGTERM save a resumable checkpoint and stop (exit 130/143). A run diverges when its loss
+goes non-finite (with ``skip_nonfinite`` the step is skipped instead) or grows past :data:`DIVERGENCE_FACTOR` times
+that of a uniform guess: it stops before the next save, so the last good checkpoint is kept, and its
+``summary.json`` says ``diverged``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from vitlab import perf
-from vitlab.checkpoint import CONFIG, save_checkpoint, weights_of
+from vitlab.checkpoint import CONFIG, WEIGHTS, read_weights, save_checkpoint, unwrap, weights_of
 from vitlab.data import DataSplit
 from vitlab.errors import NumericalError, WriteError
 from vitlab.train.batches import RunData, epoch_order
@@ -39,13 +41,25 @@ from vitlab.train.signals import StopRequest
 
 AUG_STREAM = 0xA06  # the stream of each step's seed its augmentation draws from
 
+# A run has diverged when the mean loss of a training step (over all processes) or of an epoch's evaluation exceeds
+# this many times ln(classes), the cross-entropy of a uniform guess: a ViT starts near it (its head is initialised
+# with std 0.02, so its first logits are near 0), training lowers it, and label smoothing or mixup keep it below it.
+# At 100 times (230 for 10 classes, 69 for 2) the model gives the true class a probability of e^-230 on average:
+# its weights are wrecked, not learning. A run that overfits ends a few times above it on held-out data, far below.
+DIVERGENCE_FACTOR = 100.0
+
 
 class NonFiniteLoss(NumericalError):
-    """The loss (or gradient norm) became NaN or infinite. ``summary``: the run's numbers at that step (the test
-    accuracy of its last finite weights, ``diverged`` and where), so a study can keep the divergence as a result;
-    None when they could not be taken."""
+    """The run diverged: the loss (or gradient norm) became NaN or infinite, or the loss grew past
+    :data:`DIVERGENCE_FACTOR` times a uniform guess's (then it is a :class:`LossDiverged`). ``summary``: the run's
+    numbers at that step (the test accuracy of its last finite weights, or of its kept checkpoint, ``diverged`` and
+    where), so a study can keep the divergence as a result; None when they could not be taken."""
 
     summary: dict[str, Any] | None = None
+
+
+class LossDiverged(NonFiniteLoss):
+    """The loss stayed finite but grew past :data:`DIVERGENCE_FACTOR` times ln(classes)."""
 
 
 @dataclass
@@ -183,6 +197,10 @@ class Loop:
                 logger.write_summary(summary)
             status = "finished"
             return TrainResult(self.out_dir, summary)
+        except NonFiniteLoss as exc:  # diverged: said in summary.json as well as in the error
+            if logger is not None and exc.summary is not None:
+                logger.write_summary(exc.summary)
+            raise
         except WriteError as exc:  # a full disk: say how to go on once there is space
             saved = (self.out_dir / CONFIG).is_file()
             then = f"continue with --resume {self.out_dir}" if saved else "start the run again (no checkpoint yet)"
@@ -237,17 +255,36 @@ class Loop:
             if bar is not None:
                 bar.close()
         metrics = self._evaluate(self.eval_data)
+        if not metrics["loss"] <= self.divergence_limit:  # NaN too: checked before the save, which would keep it
+            raise self._diverged_error(epoch, p.step - 1, metrics["loss"], f"{self.eval_name} loss after the epoch")
         self._tick()
         name = self.eval_name
         row = {"epoch": epoch + 1, "step": p.global_step, "train_loss": p.loss_sum / max(p.seen, 1),
                f"{name}_loss": metrics["loss"], f"{name}_acc": metrics["acc"], "lr": self.scheduler.get_last_lr(),
                "seconds": p.epoch_seconds}
+        if cfg.probe_images and self.ctx.is_main:
+            row.update(self._probe_columns())
         p.end_epoch(metrics["loss"], metrics["acc"])
         if logger is not None:
             logger.log_epoch(row)
         self.save()
         self.stopped_early = bool(self.on_epoch is not None and self.on_epoch(epoch + 1, row))
         return not self._stop_agreed(sync=True)
+
+    def _probe_columns(self) -> dict[str, float]:
+        """The per-layer probes (:mod:`vitlab.analysis.probes`) of the evaluated model on the first ``probe_images``
+        training images, unaugmented: the same images every epoch, never test images. Empty for a model without
+        vitlab's blocks (timm models)."""
+        from vitlab.analysis.probes import probe_model
+        from vitlab.data import normalize
+        from vitlab.models import VitlabModel
+
+        model = unwrap(self.eval_model)
+        if not isinstance(model, VitlabModel):
+            return {}
+        n = min(self.cfg.probe_images, len(self.train_data))
+        x = normalize(self.train_data.images[:n].to(self.device), self.mean, self.std)
+        return probe_model(model, x, batch_size=min(n, self.cfg.eval_batch_size)).columns()
 
     def _evaluate(self, split: DataSplit) -> dict[str, Any]:
         return evaluate(self.eval_model, split, mean=self.mean, std=self.std, batch_size=self.cfg.eval_batch_size,
@@ -291,6 +328,8 @@ class Loop:
             p.skipped_steps += 1
             self.scheduler.step()
             return float("nan")
+        if stats[0] / stats[1] > self.divergence_limit:
+            raise self._diverged_error(epoch, step, stats[0] / stats[1], "training loss")
         self.optimizer.step()
         self.scheduler.step()
         if self.ema is not None:
@@ -310,25 +349,48 @@ class Loop:
             self._stop_votes = self.ctx.all_reduce_sum(votes).item()
         return bool(self._stop_votes)
 
-    def _nonfinite_error(self, epoch: int, step: int, loss: float) -> NonFiniteLoss:
+    @property
+    def divergence_limit(self) -> float:
+        """The loss past which the run has diverged: :data:`DIVERGENCE_FACTOR` x ln(classes)."""
+        return DIVERGENCE_FACTOR * math.log(max(len(self.data.classes), 2))
+
+    def _causes(self) -> str:
         cfg = self.cfg
         causes = [f"a learning rate too high (--lr {cfg.lr:g}; try {cfg.lr / 4:g})"]
         if self.amp_dtype is not None:
             causes.append("low-precision overflow (try --amp off)")
         if not cfg.clip_grad:
             causes.append("no gradient clipping (try --clip-grad 1.0)")
-        where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress.global_step})"
         kept = f"the last good checkpoint in {self.out_dir} is kept" if (self.out_dir / CONFIG).exists() \
             else "no checkpoint was saved yet"
+        return f"likely {' or '.join(causes)}; {kept}"
+
+    def _nonfinite_error(self, epoch: int, step: int, loss: float) -> NonFiniteLoss:
+        where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress.global_step})"
         what = f"loss ({loss})" if not math.isfinite(loss) else f"gradient norm (loss {loss:.4g})"
-        err = NonFiniteLoss(f"non-finite {what} at {where}; likely {' or '.join(causes)}; {kept}; "
+        err = NonFiniteLoss(f"the run diverged: non-finite {what} at {where}; {self._causes()}; "
                             "--skip-nonfinite skips such steps instead")
         err.summary = self._diverged_summary(epoch, step, str(err))
         return err
 
+    def _diverged_error(self, epoch: int, step: int, loss: float, what: str) -> LossDiverged:
+        """The run's loss past :attr:`divergence_limit` (or a non-finite evaluation loss): the weights are wrecked,
+        so the summary's figures are those of the last checkpoint, which is kept."""
+        classes = len(self.data.classes)
+        where = f"epoch {epoch + 1} step {step + 1} (global step {self.progress.global_step})"
+        err = LossDiverged(f"the run diverged: {what} {loss:.4g} at {where} is more than {DIVERGENCE_FACTOR:g} times "
+                           f"that of a uniform guess over the {classes} classes ({math.log(classes):.4g}); "
+                           f"{self._causes()}")
+        if (self.out_dir / CONFIG).exists():
+            with contextlib.suppress(Exception):  # figures of the weights the folder keeps, not of the wrecked ones
+                unwrap(self.eval_model).load_state_dict(read_weights(self.out_dir / WEIGHTS, verify=False)[0])
+        err.summary = self._diverged_summary(epoch, step, str(err))
+        return err
+
     def _diverged_summary(self, epoch: int, step: int, message: str) -> dict[str, Any] | None:
-        """:meth:`summary` at a divergence: the failed step was not applied, so the weights are the last finite
-        ones and the test figures are theirs, evaluated now."""
+        """:meth:`summary` at a divergence: a non-finite step was not applied, so the weights are the last finite
+        ones (after a loss past the limit, those of the kept checkpoint) and the test figures are theirs, evaluated
+        now."""
         try:
             out = self.summary()
             if self.eval_name != "val":  # summary() evaluated the test set itself otherwise
