@@ -174,7 +174,7 @@ def test_attention_maps_vit5_include_registers() -> None:
     for m in maps:
         assert m.shape == (2, 6, t, t)
         torch.testing.assert_close(m.sum(-1), torch.ones(2, 6, t))
-    assert model.rope.shape == (2, t, 16)
+    assert model.rope.shape == (2, t, 8, 2)  # (cos, sin) per adjacent channel pair: the ViT-5 code's RoPE layout
 
 
 def test_attention_maps_carry_gradients() -> None:

@@ -173,6 +173,10 @@ def test_from_vit5_checks_every_key_and_buffer() -> None:
         from_vit5(missing)
     with pytest.raises(CheckpointError, match="not a ViT-5 state dict"):
         from_vit5({"fc.weight": torch.zeros(2, 2)})
+    from vitlab.interop import adapt_state_dict
+
+    with pytest.raises(CheckpointError, match="from_vit5"):  # load_pretrained names the loader to use
+        adapt_state_dict(state, from_vit5(state))
 
 
 def test_convert_cli_reads_a_checkpoint_the_official_code_saved(tmp_path: Path,
@@ -188,7 +192,7 @@ def test_convert_cli_reads_a_checkpoint_the_official_code_saved(tmp_path: Path,
     x = torch.randn(2, 3, 96, 96)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), vit5_shape_like(theirs, "vit5_small", 96)(x), **TOL)
-    assert main(["convert", "--from", "vit5", "--ema", str(ckpt), str(out)]) == 0
+    assert main(["convert", "--from", "vit5", "--ema", str(ckpt), str(out), "--overwrite"]) == 0
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(vitlab.load_pretrained(None, out).eval()(x), ema(x), **TOL)
@@ -201,8 +205,38 @@ def test_convert_cli_reads_a_checkpoint_the_official_code_saved(tmp_path: Path,
     capsys.readouterr()
     timm_file = tmp_path / "timm.safetensors"
     save_file({"fc.weight": torch.zeros(2, 2)}, timm_file)
-    assert main(["convert", "--from", "vit5", str(timm_file), str(out)]) == 2
+    assert main(["convert", "--from", "vit5", str(timm_file), str(tmp_path / "a.safetensors")]) == 2
     err = capsys.readouterr().err
     assert "not a ViT-5 state dict" in err and "\n" not in err.strip()
-    assert main(["convert", "--from", "vit5", "--model", "vit5_small", str(ckpt), str(out)]) == 2
+    assert main(["convert", "--from", "vit5", "--model", "vit5_small", str(ckpt), str(tmp_path / "b.safetensors")]
+                ) == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_vit5_is_a_depth_study_variant_at_the_base_width(tmp_path: Path) -> None:
+    from _helpers import option_args, read_rows
+    from vitlab.experiments.depth_study import variant_model
+    from vitlab.flops import summarize
+
+    preset, overrides = variant_model("vit5", "vit_mnist", 3)
+    model = vitlab.create_model(preset, **overrides)
+    base = vitlab.get_config("vit_mnist")
+    assert (model.cfg.embed_dim, model.cfg.num_heads, model.cfg.img_size, model.cfg.in_chans, model.cfg.depth) == (
+        base.embed_dim, base.num_heads, base.img_size, base.in_chans, 3)
+    assert model.cfg.rope and model.cfg.rope_layout == "vit5" and model.cfg.reg_tokens == 4
+    # the FLOP table counts the rotations of q and k (x cos + rot(x) sin: 2 multiplies an element), also those of
+    # the registers alone, which the ViT-5 layout rotates without patch RoPE
+    t, c = 1 + 16 + 4, base.embed_dim
+    no_rope = dict(overrides, rope=False)
+    registers_only = summarize(vitlab.create_model(preset, **no_rope)).macs
+    assert summarize(model).macs == registers_only
+    halves = vitlab.create_model(preset, **no_rope, rope_layout="halves")
+    assert registers_only - summarize(halves).macs == 3 * 4 * t * c
+    out = tmp_path / "depth"
+    argv = ["depth-study", "--depths", "1", "--variants", "vit5", "--num-images", "4",
+            *option_args(epochs=1, limit_train=32, limit_test=16, batch_size=16, threads=1, progress=False),
+            "--output", str(out)]
+    assert main(argv) == 0
+    rows = read_rows(out / "results.csv")
+    assert [(r["variant"], r["preset"]) for r in rows] == [("vit5", "vit5_small")]
+    assert 0.0 <= float(rows[0]["test_acc"]) <= 1.0

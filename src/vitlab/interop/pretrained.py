@@ -149,6 +149,9 @@ def adapt_state_dict(state: dict[str, Tensor], model: VitlabModel, *, drop_dist_
     Raises :class:`CheckpointError` listing missing and unexpected keys and shape mismatches.
     """
     state = strip_wrappers(dict(state))
+    if any(re.match(r"^blocks\.\d+\.attn\.rope(_reg)?\.freqs$", k) for k in state):
+        raise CheckpointError("the weights hold RoPE freqs buffers: a checkpoint of the ViT-5 authors' code; load it "
+                              "with vitlab.from_vit5(path) or `vitlab convert --from vit5 IN OUT`")
     if model.cfg.arch == "vit":  # DeiT-III's original layer-scale names
         state = {re.sub(r"^blocks\.(\d+)\.gamma_([12])$", r"blocks.\1.ls\2.gamma", k): v for k, v in state.items()}
     state = from_timm_state_dict(state, model)
