@@ -215,3 +215,17 @@ def test_probe_rows_read_each_epoch_and_block(tmp_path):
     assert end == [{"variant": "vit", "depth": 2, "seed": 0, "layer": 0, "max_logit": 3.0}]
     assert [(r["epoch"], r["layer"], r["max_logit"]) for r in epochs] == [(1, 0, 1), (1, 1, 2), (2, 0, 2), (2, 1, 4)]
     assert epochs[-1]["token_similarity"] == pytest.approx(0.2) and "token_similarity" not in epochs[0]
+
+
+def test_train_cli_takes_probe_images(tmp_path):
+    from vitlab.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["train", "--model", "vit_mnist", "--dataset", "mnist-5k", "--epochs", "1", "--limit-train", "64",
+               "--limit-test", "32", "--depth", "2", "--threads", "1", "--no-progress", "--probe-images", "8",
+               "--output", str(out)])
+    assert rc in (0, None)
+    import json
+
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"probe/token_similarity/block0", "probe/token_similarity/block1"} <= set(row)

@@ -95,6 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--eval-batch-size", type=int, default=S)
     g.add_argument("--checkpoint-every", type=int, default=S, metavar="N", help="also save every N steps")
     g.add_argument("--skip-nonfinite", action="store_true", default=S, help="skip steps with a NaN/inf loss")
+    g.add_argument("--probe-images", type=int, default=S, metavar="N",
+                   help="log the per-layer probes (vitlab.analysis.probes) every epoch, on the first N training "
+                   "images (default 0: off)")
     g.add_argument("--no-progress", dest="progress", action="store_false", default=S)
     g.add_argument("--logger", default=S, metavar="NAME", help="also track the run in tensorboard | mlflow | wandb "
                    "(default none: metrics.jsonl and summary.json only); docs/training.md#tracking")
