@@ -132,8 +132,10 @@ def test_edited_config_depth_is_refused_with_key_names(tmp_path):
     meta = json.loads((tmp_path / "config.json").read_text())
     meta["model"]["depth"] = 3
     (tmp_path / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"missing keys \(blocks\.2\.") as exc:
+    with pytest.raises(CheckpointError, match=r"config\.json does not match the SHA-256"):  # under the manifest
         load_model(tmp_path)
+    with pytest.raises(CheckpointError, match=r"missing keys \(blocks\.2\.") as exc:
+        load_model(tmp_path, verify=False)
     one_line(exc)
 
 

@@ -12,6 +12,10 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from vitlab import commands
 from vitlab.errors import VitlabError
@@ -43,6 +47,27 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    with warnings.catch_warnings():  # vitlab's own warnings are one line too (a checkpoint file that is not checked)
+        warnings.showwarning = _one_line_warnings(args.command, warnings.showwarning)
+        return _run(args)
+
+
+def _one_line_warnings(command: str, show: Callable[..., None]) -> Callable[..., None]:
+    """``warnings.showwarning`` printing a warning raised in vitlab's code as ``vitlab COMMAND: warning: ...``;
+    the others go to ``show``."""
+    package = str(Path(__file__).parent)
+
+    def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                 line: str | None = None) -> None:
+        if str(filename).startswith(package):
+            print(f"vitlab {command}: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return one_line
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except VitlabError as exc:
@@ -50,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         print(f"vitlab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system refused a path (a name too long, a full or read-only disk): one line
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"vitlab {args.command}: error: {text}; check that path or pick another", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)

@@ -9,8 +9,9 @@ A checkpoint directory holds
 - ``state.pt`` (training runs): model, optimiser, scheduler, EMA, step, epoch, RNG and metrics, plain
   tensors and numbers only, read back with ``torch.load(weights_only=True)``. It carries its own copy of
   the weights, so resuming reads one file that is replaced in a single step;
-- ``manifest.json``: the SHA-256 and size of ``model.safetensors`` and ``state.pt``, checked on every load
-  (:mod:`vitlab.checkpoint.manifest`; ``verify=False`` skips the check).
+- ``manifest.json``: the SHA-256 and size of ``model.safetensors``, ``config.json`` and ``state.pt``, checked on
+  every load (:mod:`vitlab.checkpoint.manifest`; ``verify=False`` skips the check). The values of ``config.json``
+  are validated on every load, checked or not (:func:`read_config`).
 
 Every file goes to a temporary name in the same directory and is then ``os.replace``-d (``vitlab.atomic``):
 a kill mid-write leaves the previous file intact and no partial file under the final name. A write that fails
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 
 from vitlab import atomic
 from vitlab.checkpoint import manifest
-from vitlab.checkpoint.data_config import apply_checkpoint_config
+from vitlab.checkpoint.data_config import apply_checkpoint_config, check_run_data
 from vitlab.checkpoint.legacy import rename_legacy_keys
 from vitlab.checkpoint.manifest import MANIFEST
 from vitlab.checkpoint.spec import ModelSpec, spec_of, unwrap
@@ -67,8 +68,7 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict |
     blobs[CONFIG] = (json.dumps(config, indent=2) + "\n").encode()
     kept = "the previous checkpoint in it is kept and loads" if (out / CONFIG).is_file() else "no checkpoint yet"
     try:
-        files = manifest.begin(out, {k: manifest.entry_of(v) for k, v in blobs.items() if k != CONFIG},
-                               (WEIGHTS, STATE))
+        files = manifest.begin(out, {k: manifest.entry_of(v) for k, v in blobs.items()}, (WEIGHTS, STATE, CONFIG))
         for name, data in blobs.items():  # state.pt first: it alone is read to resume
             atomic.atomic_write_bytes(out / name, data)
         manifest.commit(out, files)
@@ -76,6 +76,43 @@ def save_checkpoint(out_dir: str | Path, model: nn.Module, *, run_config: dict |
         raise atomic.write_error("the checkpoint", out, exc, sum(map(len, blobs.values())),
                                  f"free some space there ({kept})") from exc
     return out
+
+
+def is_run_folder(folder: str | Path) -> bool:
+    """True when ``folder`` holds vitlab's marker, the ``config.json`` (a file, not a link) whose ``format`` is
+    :data:`FORMAT` that every checkpoint writes: the folder of a vitlab run or ``save_checkpoint``."""
+    file = Path(folder) / CONFIG
+    try:
+        if file.is_symlink() or not file.is_file() or file.stat().st_size > 1 << 24:
+            return False
+        config = json.loads(file.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("format") == FORMAT
+
+
+def check_new_file(path: str | Path, *, overwrite: bool = False, flag: str = "--overwrite") -> Path:
+    """``path`` as the target of a command that writes one file (``vitlab convert``): refused, in one line, when it
+    exists and ``overwrite`` is False (``flag`` names the way to replace it), when its folder is a run folder
+    (:func:`is_run_folder`; its files belong to that run, whatever ``overwrite`` says) or when the file system
+    cannot hold its name."""
+    p = Path(path)
+    try:
+        if len(os.fsencode(p.name)) + 14 > os.pathconf(p.parent if p.parent.is_dir() else ".", "PC_NAME_MAX"):
+            raise CheckpointError(f"output name {p.name[:20]}... ({len(os.fsencode(p.name))} bytes) is too long for "
+                                  "the file system; pick a shorter name")
+        if is_run_folder(p.parent):
+            raise CheckpointError(f"{p.parent} is a run folder of vitlab (its {CONFIG}, {WEIGHTS} and manifest belong "
+                                  "to that run); write the output elsewhere")
+        if os.path.lexists(p):
+            kind = "a folder" if p.is_dir() else "a link" if p.is_symlink() else "a file"
+            if overwrite and kind != "a folder":
+                return p
+            fix = f"pass {flag} to replace it, or " if kind != "a folder" else ""
+            raise CheckpointError(f"output {p} exists ({kind}); {fix}pick another output name")
+    except OSError as exc:
+        raise CheckpointError(f"output {p} cannot be used ({exc.strerror or exc}); pick another output") from None
+    return p
 
 
 def _checkpoint_dir(path: str | Path) -> Path:
@@ -91,8 +128,10 @@ def _checkpoint_dir(path: str | Path) -> Path:
     return path
 
 
-def read_config(path: str | Path) -> dict[str, Any]:
-    """The ``config.json`` of a checkpoint directory (or of the directory of its ``model.safetensors``)."""
+def read_config(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint directory (or of the directory of its ``model.safetensors``), its
+    values validated (the model config, the normalisation and class names) and, unless ``verify`` is False, its
+    SHA-256 checked against the ``manifest.json`` beside it."""
     d = _checkpoint_dir(path)
     file = d / CONFIG
     if not file.is_file():
@@ -105,16 +144,25 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{file} is not valid JSON ({exc}); re-save the checkpoint") from exc
     if not isinstance(config, dict) or config.get("format") != FORMAT or "model" not in config:
         raise CheckpointError(f"{file} is not a {FORMAT} config; re-save the checkpoint with vitlab")
+    spec = _spec_of(config["model"], path)
+    check_run_data(config, file, spec.input_shape[1], spec.options().get("num_classes"))
+    if verify:
+        manifest.verify(file, expected=True)
     return config
 
 
-def read_spec(path: str | Path) -> ModelSpec:
-    """The model spec of a checkpoint directory."""
-    model = read_config(path)["model"]
+def _spec_of(model: Any, path: str | Path) -> ModelSpec:
     try:
+        if not isinstance(model, dict):
+            raise TypeError(f"'model' must be a mapping, got {type(model).__name__}")
         return ModelSpec.from_dict(model)
     except (ValueError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"cannot rebuild the model of {path} ({exc})") from exc
+
+
+def read_spec(path: str | Path, *, verify: bool = True) -> ModelSpec:
+    """The model spec of a checkpoint directory (its ``config.json`` read by :func:`read_config`)."""
+    return _spec_of(read_config(path, verify=verify)["model"], path)
 
 
 def _checkpoint_weights(path: str | Path, verify: bool) -> dict[str, torch.Tensor]:
@@ -142,7 +190,7 @@ def read_weights(path: str | os.PathLike, *, verify: bool = True) -> tuple[dict[
             raise CheckpointError(f"{p} is a directory without model.safetensors; pass a vitlab checkpoint directory "
                                   f"(model.safetensors + config.json) or the weight file itself")
         state, _ = read_weights(weights, verify=verify)
-        return state, _config_json(p / CONFIG, required=True)
+        return state, _config_json(p / CONFIG, required=True, verify=verify)
     if not p.is_file():
         raise CheckpointError(f"no weight file {p}; pass an existing .safetensors or .pth file or a vitlab "
                               f"checkpoint directory")
@@ -151,8 +199,8 @@ def read_weights(path: str | os.PathLike, *, verify: bool = True) -> tuple[dict[
         if verify:
             manifest.verify(p)
         if "vitlab_config" in meta:
-            return state, ModelConfig.from_dict(json.loads(meta["vitlab_config"]))
-        return state, _config_json(p.parent / CONFIG, required=False)
+            return state, _metadata_config(p, meta["vitlab_config"])
+        return state, _config_json(p.parent / CONFIG, required=False, verify=verify)
     if p.suffix in TORCH_SUFFIXES:
         state = read_torch(p)
         if verify:
@@ -162,8 +210,26 @@ def read_weights(path: str | os.PathLike, *, verify: bool = True) -> tuple[dict[
                           f"of those formats")
 
 
-def _config_json(p: Path, required: bool) -> ModelConfig | None:
-    """The vitlab model config of a checkpoint's ``config.json`` (``{"model": {...}, "run": {...}}``)."""
+def _metadata_config(p: Path, text: str) -> ModelConfig:
+    """The model config a ``vitlab convert`` export stores in its ``vitlab_config`` metadata (a JSON object)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        data = exc
+    if not isinstance(data, dict):
+        what = "is not JSON" if isinstance(data, json.JSONDecodeError) else f"is a JSON {type(data).__name__}"
+        raise CheckpointError(f"the vitlab_config metadata of {p} {what}, not a model config object; re-export "
+                              "the weights with `vitlab convert`, or load them with a model name")
+    try:
+        return ModelConfig.from_dict(data)
+    except (ValueError, TypeError) as exc:  # ConfigError is a ValueError
+        raise CheckpointError(f"the vitlab_config metadata of {p} is not a valid model config ({exc}); re-export the "
+                              "weights with `vitlab convert`, or load them with a model name") from exc
+
+
+def _config_json(p: Path, required: bool, verify: bool = True) -> ModelConfig | None:
+    """The vitlab model config of a checkpoint's ``config.json`` (``{"model": {...}, "run": {...}}``), its values
+    validated and (``verify``) its SHA-256 checked against the ``manifest.json`` beside it."""
     if not p.is_file():
         if required:
             raise CheckpointError(f"{p.parent} has no config.json; pass the weight file and the model name instead")
@@ -181,7 +247,11 @@ def _config_json(p: Path, required: bool) -> ModelConfig | None:
             raise CheckpointError(f"{p} has no vitlab model config under 'model'; pass the weight file and a model "
                                   f"name")
         return None
-    return ModelConfig.from_dict(model)
+    cfg = ModelConfig.from_dict(model)
+    check_run_data(data, p, cfg.in_chans, cfg.num_classes)
+    if verify:
+        manifest.verify(p, expected=True)
+    return cfg
 
 
 def state_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str:
@@ -222,7 +292,7 @@ def load_model(path: str | Path, *, model: str | None = None, verify: bool = Tru
     img_size/in_chans/num_classes unless overridden); a checkpoint of another architecture raises
     :class:`CheckpointError` listing the mismatch.
     """
-    spec = read_spec(path)
+    spec = read_spec(path, verify=verify)
     if model is None:
         try:
             net = create_model(spec, **overrides)
@@ -248,7 +318,8 @@ def load_model(path: str | Path, *, model: str | None = None, verify: bool = Tru
             f"{f' ({diff})' if diff else ''}: {problem}; load it without --model/overrides, or pass the "
             "matching --model")
     net.load_state_dict(weights)
-    return apply_checkpoint_config(net, read_config(path))  # pretrained_cfg: the run's normalisation, for timm.data
+    # pretrained_cfg: the run's normalisation (config.json checked by read_spec above), for timm.data
+    return apply_checkpoint_config(net, read_config(path, verify=False))
 
 
 def load_train_state(path: str | Path, *, verify: bool = True) -> dict[str, Any]:

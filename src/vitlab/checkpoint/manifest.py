@@ -1,10 +1,12 @@
-"""The checkpoint manifest: the SHA-256 and size of a checkpoint's weight and state files, so a load proves them whole.
+"""The checkpoint manifest: the SHA-256 and size of every file that decides what a checkpoint computes (its
+weights, its ``config.json`` and its training state), so a load proves them whole and unchanged.
 
-Safetensors and torch files carry no checksum: a flipped bit in tensor data loads as a different model. Each save
-records ``manifest.json`` beside the files::
+Safetensors and torch files carry no checksum: a flipped bit in tensor data loads as a different model, and an
+edited ``config.json`` (``num_heads`` 4 -> 8 keeps every weight shape; a normalisation std) loads as another model
+or another input pipeline. Each save records ``manifest.json`` beside the files::
 
     {"format": "vitlab-manifest/1",
-     "files": {"model.safetensors": {"sha256": "...", "bytes": 123}, "state.pt": {...}},
+     "files": {"model.safetensors": {"sha256": "...", "bytes": 123}, "config.json": {...}, "state.pt": {...}},
      "previous": {...}}
 
 A save is two-phase, because its files are replaced one by one and a kill may fall between two of them:
@@ -15,15 +17,19 @@ A save is two-phase, because its files are replaced one by one and a kill may fa
 3. the manifest is rewritten without ``previous``.
 
 Loading a listed file checks its size and SHA-256 against ``files`` (or ``previous`` while a save was cut short) and
-refuses any other content in one line naming the file. A folder without a manifest (older vitlab, timm or other
-weights) loads unchecked. ``config.json`` is not listed: it is text a user may edit, and every field of it is
-validated when read.
+refuses any other content in one line naming the file; ``verify=False`` (``--no-verify``) is the explicit way
+out for a file changed on purpose. The values of ``config.json`` are validated on every load all the same
+(:func:`vitlab.checkpoint.files.read_config`). A folder without a manifest (timm or other weights) loads
+unchecked. A manifest of an older vitlab, which did not list ``config.json``, still checks the weights and the
+state; its ``config.json`` loads with one :class:`CheckpointWarning` saying it is not checked, and the next save of
+the run (``--resume``) records it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,10 @@ MANIFEST_FORMAT = "vitlab-manifest/1"
 NO_VERIFY = "pass --no-verify (verify=False) only if you changed it on purpose"
 
 Entry = dict[str, Any]  # {"sha256": hex digest, "bytes": size}
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint file loads, but is not checked (a manifest of an older vitlab that does not list it)."""
 
 
 def entry_of(data: bytes) -> Entry:
@@ -76,20 +86,26 @@ def _accepted(manifest: dict[str, Any], name: str) -> list[Entry]:
     return [e for e in accepted if isinstance(e, dict)]
 
 
-def verify(path: Path) -> None:
-    """Refuse ``path`` when its folder's manifest lists it with another size or SHA-256 (no manifest: no check)."""
+def verify(path: Path, *, expected: bool = False) -> None:
+    """Refuse ``path`` when its folder's manifest lists it with another size or SHA-256 (no manifest: no check).
+    ``expected``: every vitlab save lists this file now (``config.json``), so a manifest without it is an older
+    vitlab's, and the file loads with a :class:`CheckpointWarning` that it is not checked."""
     manifest = read_manifest(path.parent)
     if manifest is None:
         return
     accepted = _accepted(manifest, path.name)
     if not accepted:
+        if expected:
+            warnings.warn(f"{path} is not in {path.parent / MANIFEST}, so it is not checked (an older vitlab saved "
+                          "the run); its values are validated, and the next save of the run (--resume) records it",
+                          CheckpointWarning, stacklevel=3)
         return
     size = path.stat().st_size
     if any(e.get("bytes") == size for e in accepted) and file_entry(path) in accepted:
         return
     raise CheckpointError(f"{path} does not match the SHA-256 recorded in {path.parent / MANIFEST} when it was "
-                          f"saved ({size} bytes, {accepted[0].get('bytes')} recorded): it was damaged on disk or in "
-                          f"a copy; restore it from a good copy, or {NO_VERIFY}")
+                          f"saved ({size} bytes, {accepted[0].get('bytes')} recorded): it was edited, or damaged on "
+                          f"disk or in a copy; restore it from a good copy, or {NO_VERIFY}")
 
 
 def _on_disk(folder: Path, names: tuple[str, ...]) -> dict[str, Entry]:

@@ -57,8 +57,8 @@ def load_checkpoint(checkpoint: Path, verify: bool = True) -> tuple[Any, dict]:
     if not checkpoint.exists():
         raise CheckpointError(f"checkpoint {checkpoint} does not exist; pass --checkpoint the output folder of a "
                               "`vitlab train` run (model.safetensors + config.json)")
-    run = read_config(checkpoint).get("run")
-    model = load_model(checkpoint, verify=verify)
+    model = load_model(checkpoint, verify=verify)  # config.json checked (unless --no-verify) and validated
+    run = read_config(checkpoint, verify=False).get("run")
     if not isinstance(model, VitlabModel):
         raise ConfigError(f"checkpoint {checkpoint} holds a {type(model).__module__.split('.')[0]} "
                           f"{type(model).__name__}, which records no attention maps; analyse a vitlab model "

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.topk <= 0:
         raise ConfigError(f"--topk must be a positive integer, got {args.topk}")
-    config = read_config(args.checkpoint)
-    model = load_model(args.checkpoint, verify=args.verify)
+    model = load_model(args.checkpoint, verify=args.verify)  # config.json checked (unless --no-verify) and validated
+    config = read_config(args.checkpoint, verify=False)
     failed = 0
     results = iter_predictions(model, config, args.images, k=args.topk, device=pick_device(args.device))
     for path, top in results:
