@@ -31,7 +31,8 @@ TIMM_CASES = {
     "vit": ("vit_tiny", {}),
     "vit_layerscale_registers": ("vit_tiny", dict(gate="layerscale", init_values=0.1, reg_tokens=2)),
     "vit_no_class_token": ("vit_tiny", dict(class_token=False, global_pool="avg")),
-    "vit5_end_registers": ("vit5_small", dict(rope=False)),
+    # registers after the patches, unrotated: rope_layout='vit5' would rotate them even with rope=False
+    "vit5_end_registers": ("vit5_small", dict(rope=False, rope_layout="halves")),
     "cait": ("cait_xxs24", {}),
     "cait_avg": ("cait_xxs24", dict(global_pool="avg", depth_token_only=3)),
 }

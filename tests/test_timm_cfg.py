@@ -230,13 +230,13 @@ def test_dynamic_sincos_and_rope_follow_the_grid() -> None:
     from vitlab.layers import layout_rope, sincos_2d
 
     torch.testing.assert_close(grid_tables[0][0], sincos_2d((3, 5), 64))
-    torch.testing.assert_close(grid_tables[1], layout_rope(1, (3, 5), 4, 16, 10000.0, 100.0))
+    torch.testing.assert_close(grid_tables[1], layout_rope(1, (3, 5), 4, 16, 10000.0, 100.0, layout="vit5"))
     # the same numbers as running the blocks by hand on those tables
     with torch.no_grad():
         t = m.patch_embed(x) + grid_tables[0]
         t = torch.cat([m.cls_token.expand(2, -1, -1), t, m.reg_token.expand(2, -1, -1)], dim=1)
         for blk in m.blocks:
-            t = blk(t, layout_rope(1, (3, 5), 4, 16, 10000.0, 100.0))
+            t = blk(t, layout_rope(1, (3, 5), 4, 16, 10000.0, 100.0, layout="vit5"))
         torch.testing.assert_close(m.forward_features(x), m.norm(t))
 
 
