@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import typing
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from vitlab import ConfigError, create_model, get_config
 from vitlab.errors import CheckpointError, DataError
 from vitlab.models import ModelConfig
-from vitlab.models.config import ARCHS, ATTNS, POOLS, REG_POSITIONS, STEMS
+from vitlab.models.config import ARCHS, ATTNS, BLOCKS, DROP_RATE_AT, POOLS, REG_POSITIONS, ROPE_LAYOUTS, STEMS
 from vitlab.train.config import LIMITS, RunConfig, load_yaml
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -33,14 +34,15 @@ CHOICES = {"arch": ARCHS, "attn": ATTNS, "gate": ("none", "layerscale", "rezero"
            "norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"),
            "pos_embed": ("learned", "sincos1d", "sincos2d", "none"), "global_pool": POOLS, "stem": STEMS,
            "reg_position": REG_POSITIONS, "reattn_norm": ("batch", "layer"), "drop_path_rule": ("linear", "uniform"),
-           "weight_init": ("trunc_normal", "xavier")}
+           "weight_init": ("trunc_normal", "xavier"), "rope_layout": ROPE_LAYOUTS, "block": BLOCKS,
+           "drop_rate_at": DROP_RATE_AT}
 INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
         "depth_token_only", "reattn_last")
 BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm", "dynamic_img_size",
-         "dynamic_img_pad")
+         "dynamic_img_pad", "pos_resample_antialias", "scale_attn_norm", "scale_mlp_norm", "sigma_reparam")
 FLOATS = ("mlp_ratio", "rope_theta", "reg_rope_theta", "init_values", "drop_rate", "attn_drop_rate",
-          "drop_path_rate", "mlp_ratio_token_only")
-OPTIONAL = ("reattn_last", "fc_norm", "init_values")
+          "drop_path_rate", "mlp_ratio_token_only", "token_init_std")
+OPTIONAL = ("reattn_last", "fc_norm", "init_values", "token_init_std")
 
 
 def test_the_tables_cover_every_field() -> None:
@@ -71,6 +73,8 @@ OPTION_VALUES = {
     "weight_init": st.sampled_from(["trunc_normal", "xavier", "jax"]),
     "drop_rate": st.sampled_from([0.0, 0.1, 1.0, -0.1]), "drop_path_rate": st.sampled_from([0.0, 0.2, 1.5]),
     "depth_token_only": st.sampled_from([0, 1, 2, -1]), "mlp_ratio_token_only": st.sampled_from([1.0, 0.0]),
+    "block": st.sampled_from(BLOCKS), "scale_attn_norm": st.booleans(), "scale_mlp_norm": st.booleans(),
+    "sigma_reparam": st.booleans(),
 }
 CAIT = dict(arch="cait", attn="talking_heads", gate="layerscale", pos_embed_cls=False)
 
@@ -196,7 +200,8 @@ def test_a_run_config_is_usable_or_raises_config_error(changes: dict, num_train:
 
 def _outside(key: str) -> st.SearchStrategy:
     """Finite numbers, most of them outside ``LIMITS[key]``; floats for float fields, integers for int fields."""
-    if key in ("epochs", "batch_size", "eval_batch_size", "threads", "slices", "checkpoint_every", "pad_crop"):
+    kind = typing.get_type_hints(RunConfig).get(key)
+    if kind is int or int in typing.get_args(kind):  # every int field, new ones included
         return st.one_of(st.integers(-10**12, 10**12), st.sampled_from([0, -1, 100_001, 1_000_001, 4097, 1025]))
     return st.one_of(st.floats(-1e300, 1e300, allow_nan=False), st.sampled_from([3e38, 0.0, -1e-9, 10.0, 180.5, 90.0,
                                                                                  1.0, 100.5, 1.5]))
