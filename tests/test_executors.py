@@ -331,3 +331,16 @@ def test_a_training_trial_beats_its_heartbeat_in_a_shared_storage(tmp_path: Path
     time.sleep(3.0)  # no more beats (heartbeats are stored to the second): stale, failed and queued again
     assert search.requeue_interrupted(study, shared=True) == [trial.number]
     assert study.get_trials()[0].state == TrialState.FAIL
+
+
+@pytest.mark.slow  # about a minute on a busy 2-core machine (four interpreters start): over the CI budget
+def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) -> None:
+    """``benchmarks/gpu_study.sh --smoke``: the CUDA-path checks, train / eval / analyze and the depth study, on the
+    CPU with tiny runs; the study's tables land in OUT."""
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "depth")}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_study.sh"), "--smoke"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "fused attention (SDPA) against the explicit maps" in proc.stdout and "bf16 autocast" in proc.stdout
+    with open(tmp_path / "depth" / "results.csv", newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == 4
