@@ -48,6 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "the test set is then evaluated once, at the end (tune on this, not on the test set)")
     g.add_argument("--val-size", type=int, default=S, metavar="N", help="as --val-split, N images")
     g = p.add_argument_group("recipe (unset: the data set's defaults)")
+    g.add_argument("--recipe", choices=("default", "deit3"), default=S,
+                   help="named defaults over the data set's: deit3 is DeiT III's (LAMB, BCE, mixup/cutmix, 3-Augment, "
+                        "repeated augmentation, LayerScale; docs/training.md#the-deit-iii-recipe); flags still win")
+    g.add_argument("--optimizer", choices=("adamw", "lamb"), default=S, help="default adamw")
+    g.add_argument("--loss", choices=("ce", "bce"), default=S, help="ce (cross-entropy, default) | bce (binary)")
+    g.add_argument("--repeated-aug", type=int, default=S, metavar="N",
+                   help="repeated augmentation: each image N times per epoch (DeiT: 3; 1: off)")
     g.add_argument("--epochs", type=int, default=S)
     g.add_argument("--batch-size", type=int, default=S, help="global batch size (over all processes)")
     g.add_argument("--lr", type=float, default=S, help="peak learning rate")
@@ -68,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--pad-crop", type=int, default=S)
     g.add_argument("--trivial-augment", action=argparse.BooleanOptionalAction, default=S,
                    help="torchvision TrivialAugmentWide per image (RGB data)")
+    g.add_argument("--three-augment", action=argparse.BooleanOptionalAction, default=S,
+                   help="DeiT III's 3-Augment: one of grayscale / solarize / blur per image")
+    g.add_argument("--color-jitter", type=float, default=S, help="brightness/contrast/saturation jitter (0: off)")
     g.add_argument("--mixup", type=float, default=S, help="mixup alpha (0: off)")
     g.add_argument("--cutmix", type=float, default=S, help="cutmix alpha (0: off)")
     g.add_argument("--no-augment", action="store_true", default=S, help="switch every augmentation off")

@@ -1,6 +1,9 @@
-"""Batch augmentation on tensors: one random affine per image, applied to the whole batch at once."""
+"""Batch augmentation on tensors: one random affine per image, applied to the whole batch at once
+(:class:`BatchAugment`), and DeiT III's 3-Augment (:class:`ThreeAugment`)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -8,7 +11,7 @@ from torch import Tensor
 
 from vitlab.errors import DataError
 
-__all__ = ["BatchAugment"]
+__all__ = ["BatchAugment", "ThreeAugment"]
 
 
 class BatchAugment(torch.nn.Module):
@@ -140,3 +143,73 @@ class BatchAugment(torch.nn.Module):
             out = out.round_().clamp_(0, 255).to(dtype)
         return out
 
+
+
+THREE_AUGMENT_OPS = ("grayscale", "solarize", "blur")
+
+
+class ThreeAugment(torch.nn.Module):
+    """DeiT III's 3-Augment (Touvron et al. 2022; ``new_data_aug_generator`` in the authors' ``augment.py``) on a
+    uint8 (B, C, H, W) batch: each image gets exactly one of grayscale, solarization (pixels >= 128 inverted) or a
+    Gaussian blur of sigma drawn in [0.1, 2.0], then a color jitter of brightness, contrast and saturation factors
+    drawn in [1 - color_jitter, 1 + color_jitter], applied in a random order (torchvision's ``ColorJitter``).
+
+    The flip and crop of the recipe are :class:`BatchAugment`'s. On one-channel images (MNIST) grayscale and
+    saturation leave the image as it is, so a third of the images get no operation of the three.
+    ``ops=False`` keeps the color jitter alone. Every draw comes from ``generator`` (else the global torch RNG);
+    the ops are torchvision's (``torchvision.transforms.v2.functional``), one image at a time.
+    """
+
+    def __init__(self, *, color_jitter: float = 0.3, ops: bool = True) -> None:
+        super().__init__()
+        if not 0.0 <= color_jitter <= 1.0:
+            raise DataError(f"color_jitter={color_jitter} must be in [0, 1] (factors in [1 - c, 1 + c]); e.g. 0.3")
+        self.color_jitter = float(color_jitter)
+        self.ops = bool(ops)
+
+    def extra_repr(self) -> str:
+        return f"ops={self.ops}, color_jitter={self.color_jitter}"
+
+    def sample(self, batch: int, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """The random parameters of a batch: ``op`` (B,) index into :data:`THREE_AUGMENT_OPS`, ``sigma`` (B,),
+        ``jitter`` (B, 3) brightness / contrast / saturation factors and ``order`` (B, 3) their order."""
+        device = generator.device if generator is not None else torch.device("cpu")
+        op = torch.randint(len(THREE_AUGMENT_OPS), (batch,), generator=generator, device=device).cpu()
+        u = torch.rand(batch, 4, generator=generator, device=device, dtype=torch.float64).cpu()
+        order = torch.rand(batch, 3, generator=generator, device=device).cpu().argsort(dim=1)
+        c = self.color_jitter
+        return {"op": op, "sigma": 0.1 + 1.9 * u[:, 0], "jitter": 1 - c + 2 * c * u[:, 1:], "order": order}
+
+    def forward(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Augment a uint8 (B, C, H, W) batch; returns a new uint8 tensor of the same shape."""
+        if x.dim() != 4 or x.dtype != torch.uint8:
+            raise DataError(f"ThreeAugment expects a uint8 (B, C, H, W) batch, got {x.dtype} of shape "
+                            f"{tuple(x.shape)}; apply it before normalising")
+        params = self.sample(len(x), generator)
+        return torch.stack([self.apply_one(img, params, i) for i, img in enumerate(x)]) if len(x) else x.clone()
+
+    def apply_one(self, img: Tensor, params: dict[str, Tensor], i: int) -> Tensor:
+        """Image ``i`` of a batch (C, H, W) with its parameters from :meth:`sample`."""
+        from torchvision.transforms.v2 import functional as TF
+
+        if self.ops:
+            img = self.apply_op(img, THREE_AUGMENT_OPS[int(params["op"][i])], float(params["sigma"][i]))
+        if self.color_jitter:
+            adjust = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation)
+            for k in params["order"][i].tolist():
+                img = adjust[k](img, float(params["jitter"][i, k]))
+        return img
+
+    @staticmethod
+    def apply_op(img: Tensor, op: str, sigma: float = 1.0) -> Tensor:
+        """One 3-Augment operation on a uint8 (C, H, W) image: ``grayscale`` (identity on one channel),
+        ``solarize`` (PIL's threshold, 128) or ``blur`` (Gaussian of ``sigma``, a kernel of 3 sigma either side)."""
+        from torchvision.transforms.v2 import functional as TF
+
+        if op == "grayscale":
+            return TF.rgb_to_grayscale(img, num_output_channels=img.shape[0]) if img.shape[0] == 3 else img
+        if op == "solarize":
+            return TF.solarize(img, threshold=128)
+        size = min(2 * math.ceil(3 * sigma) + 1, 2 * min(img.shape[-2:]) - 1)  # reflect padding: below the size
+        size = size if size % 2 else size - 1
+        return TF.gaussian_blur(img, [size, size], [sigma, sigma])

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from vitlab.data import BatchAugment, DataSplit, load_dataset, normalization, normalize
+from vitlab.data.augment import ThreeAugment
 from vitlab.data.datasets import subset_indices
 from vitlab.errors import ConfigError
 from vitlab.train.config import RunConfig, RunModel, for_data
@@ -117,20 +118,38 @@ def load_run_data(cfg: RunConfig, run_model: RunModel, ctx: DistContext) -> tupl
     return data, cfg, run_model
 
 
-def epoch_order(num: int, seed: int, epoch: int) -> Tensor:
-    """The shuffled order of ``num`` training images in ``epoch``, a pure function of (seed, epoch)."""
-    return torch.randperm(num, generator=generator(derive_seed(seed, epoch, 0x5EED)))
+def epoch_order(num: int, seed: int, epoch: int, repeats: int = 1) -> Tensor:
+    """The shuffled order of ``num`` training images in ``epoch``, a pure function of (seed, epoch).
+
+    With ``repeats`` above 1, repeated augmentation (Hoffer et al. 2020; DeiT's ``RASampler``): timm's
+    ``RepeatAugSampler`` on one process, so each image comes ``repeats`` times in a row (in the same global batch,
+    differently augmented) and an epoch still holds ``num`` samples, ``num / repeats`` distinct images (DeiT's
+    "only one-third of the dataset is seen per epoch")."""
+    seed = derive_seed(seed, epoch, 0x5EED)
+    if repeats <= 1:
+        return torch.randperm(num, generator=generator(seed))
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    sampler = RepeatAugSampler(range(num), num_replicas=1, rank=0, shuffle=True, num_repeats=repeats,
+                               selected_round=0)
+    sampler.set_epoch(seed)  # the sampler shuffles with a generator seeded by its epoch
+    return torch.tensor(list(sampler), dtype=torch.long)
 
 
 class BatchPipeline:
-    """Normalisation, augmentation and mixup of training batches."""
+    """Normalisation, augmentation (3-Augment and color jitter, TrivialAugment, the affine) and mixup of training
+    batches."""
 
     def __init__(self, cfg: RunConfig, mean: tuple[float, ...], std: tuple[float, ...], num_classes: int,
                  in_chans: int) -> None:
         self.mean, self.std = mean, std
+        self.loss, self.label_smoothing = cfg.loss or "ce", cfg.label_smoothing or 0.0
         self.augment = BatchAugment(degrees=cfg.degrees, scale=cfg.scale, shear=cfg.shear,
                                     translate=cfg.translate, erase_prob=cfg.erase_prob, hflip=cfg.hflip,
                                     pad_crop=cfg.pad_crop)
+        self.three = None
+        if cfg.three_augment or cfg.color_jitter:
+            self.three = ThreeAugment(color_jitter=cfg.color_jitter or 0.0, ops=bool(cfg.three_augment))
         self.trivial = None
         if cfg.trivial_augment and in_chans == 3:
             from torchvision.transforms import v2
@@ -143,6 +162,21 @@ class BatchPipeline:
             self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
                                num_classes=num_classes)
 
+    def criterion(self) -> torch.nn.Module:
+        """The training loss of these batches' targets: cross-entropy with label smoothing (soft-target cross-entropy
+        under mixup), or with ``loss='bce'`` DeiT III's binary cross-entropy, one binary problem per class (without
+        label smoothing, mixed targets made 1 where above 0, as the authors' ``engine.py`` does)."""
+        if self.loss == "bce":
+            from timm.loss import BinaryCrossEntropy
+
+            return BinaryCrossEntropy(smoothing=self.label_smoothing, target_threshold=None if self.label_smoothing
+                                      else 0.0)
+        if self.soft_targets:
+            from timm.loss import SoftTargetCrossEntropy
+
+            return SoftTargetCrossEntropy()
+        return torch.nn.CrossEntropyLoss(label_smoothing=self.label_smoothing)
+
     @property
     def soft_targets(self) -> bool:
         """True when training targets are class distributions (mixup/cutmix), not indices."""
@@ -150,6 +184,8 @@ class BatchPipeline:
 
     def train_batch(self, images: Tensor, labels: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
         """uint8 (B, C, H, W) + (B,) labels -> float (B, C, H, W) + targets, random parameters from ``gen``."""
+        if self.three is not None:
+            images = self.three(images, generator=gen)
         if self.trivial is not None:
             images = torch.stack([self.trivial(img) for img in images])  # per image, (C, H, W) uint8
         x = normalize(images, self.mean, self.std)

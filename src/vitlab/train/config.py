@@ -26,10 +26,12 @@ from vitlab.train.distributed import DistContext
 from vitlab.train.lock import check_free
 from vitlab.train.options import coerce_value
 from vitlab.train.output import check_new_run, check_path
+from vitlab.train.recipes import DEIT3, RECIPES, recipe_defaults
 from vitlab.train.tracking import check_logger
 
-__all__ = ["AUGMENT_DEFAULTS", "NO_AUGMENT", "RunConfig", "RunModel", "canonical_dataset", "coerce", "for_data",
-           "load_yaml", "model_defaults", "resolve_run_model", "settle", "size_defaults"]
+__all__ = ["AUGMENT_DEFAULTS", "DEIT3", "NO_AUGMENT", "RECIPES", "RunConfig", "RunModel", "canonical_dataset",
+           "coerce", "for_data", "load_yaml", "model_defaults", "recipe_defaults", "resolve_run_model", "settle",
+           "size_defaults"]
 
 # Training recipe by number of training images (the first row whose bound is >= N applies).
 # The small-data row is tuned on mnist-5k (4,000 digits) with vit_mnist: batch 64 beat 128 and drop-path 0
@@ -61,7 +63,8 @@ AUGMENT_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 # what --no-augment sets: every augmentation off
 NO_AUGMENT: dict[str, Any] = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0,
-                                  hflip=False, pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0)
+                                  hflip=False, pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0,
+                                  three_augment=False, color_jitter=0.0)
 
 # Model overrides a data set's recipe applies to vitlab presets of arch 'vit' unless the user sets them.
 # (on mnist-5k the class-token head learned far slower: 63% vs 80% test accuracy after 9 epochs; weight_init=xavier
@@ -70,6 +73,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "
                                              "natural": {}}
 
 AMP_MODES = ("auto", "bf16", "off")
+OPTIMIZERS, LOSSES = ("adamw", "lamb"), ("ce", "bce")
 
 
 @dataclass
@@ -98,6 +102,10 @@ class RunConfig:
     drop_path_rule: str | None = None  # uniform | linear (None: the preset's)
     ema_decay: float | None = None  # 0: off
     layer_decay: float | None = None  # layer-wise lr decay (BEiT / timm), e.g. 0.75; None or 1: off
+    recipe: str = "default"  # default | deit3 (RECIPES): the defaults the None fields take
+    optimizer: str | None = None  # adamw | lamb (None: adamw)
+    loss: str | None = None  # ce | bce (None: ce)
+    repeated_aug: int | None = None  # each image N times per epoch, in the same batch (DeiT: 3); None or 1: off
     # augmentation; None takes the defaults of the kind of image (AUGMENT_DEFAULTS)
     degrees: float | None = None
     scale: tuple[float, float] | None = None
@@ -107,6 +115,8 @@ class RunConfig:
     hflip: bool | None = None
     pad_crop: int | None = None
     trivial_augment: bool | None = None
+    three_augment: bool | None = None  # DeiT III's 3-Augment (vitlab.data.ThreeAugment); None: off
+    color_jitter: float | None = None  # brightness / contrast / saturation jitter; None or 0: off
     mixup: float | None = None  # mixup alpha, 0: off
     cutmix: float | None = None  # cutmix alpha, 0: off
     # execution
@@ -142,9 +152,12 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **coerce(changes, "run config"))
 
-    def resolve(self, num_train: int) -> RunConfig:
-        """Fill every ``None`` recipe field from the defaults for ``num_train`` images of this data set."""
+    def resolve(self, num_train: int, width: int | None = None) -> RunConfig:
+        """Fill every ``None`` recipe field from the defaults for ``num_train`` images of this data set, those of
+        a named recipe (:func:`recipe_defaults`, ``width``: the model's embedding width) over them."""
         defaults = {**size_defaults(num_train), **AUGMENT_DEFAULTS[data_kind(self.dataset)]}
+        batch_size = self.batch_size if self.batch_size is not None else defaults["batch_size"]
+        defaults.update(recipe_defaults(self.recipe, batch_size=batch_size, width=width))
         filled = {k: v for k, v in defaults.items() if getattr(self, k) is None}
         cfg = dataclasses.replace(self, **filled)
         cfg.validate()
@@ -174,6 +187,10 @@ class RunConfig:
                               f"(1 or unset: off)")
         if self.amp not in AMP_MODES:
             raise ConfigError(f"unknown amp {self.amp!r}; choose one of {', '.join(AMP_MODES)}")
+        for key, choices in (("recipe", RECIPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES)):
+            value = getattr(self, key)
+            if value is not None and value not in choices:
+                raise ConfigError(f"unknown {key} {value!r}; choose one of {', '.join(choices)}")
         if self.drop_path_rule not in (None, "uniform", "linear"):
             raise ConfigError(f"unknown drop_path_rule {self.drop_path_rule!r}; choose uniform or linear")
         check_logger(self.logger)
@@ -219,6 +236,8 @@ LIMITS: dict[str, tuple[Any, Any, str, str]] = {key: (*_interval(*bounds, **kw),
     ("mixup", (0, 100), {}, "the Beta(alpha, alpha) parameter; from about 10 on every mix is near 50:50"),
     ("cutmix", (0, 100), {}, "the Beta(alpha, alpha) parameter; from about 10 on every cut is near half the image"),
     ("pad_crop", (0, 1024), {}, "a shift in pixels; beyond the image size only padding is left"),
+    ("color_jitter", (0, 1), {}, "factors are drawn in [1 - c, 1 + c]; above 1 a brightness factor is negative"),
+    ("repeated_aug", (1, 64), {}, "copies of each image per epoch; DeiT uses 3"),
 ]}
 
 
@@ -281,7 +300,7 @@ def for_data(cfg: RunConfig, run_model: RunModel, num_train: int) -> tuple[RunCo
     """The config and model once the training set is known: the recipe of its size filled in
     (:meth:`RunConfig.resolve`), the model given the recipe's drop-path, and the run config storing the model options
     the model is built with."""
-    cfg = cfg.resolve(num_train)
+    cfg = cfg.resolve(num_train, width=run_model.width)
     run_model = run_model.with_recipe(cfg)
     return cfg.replace(model_overrides=run_model.overrides), run_model
 
@@ -302,6 +321,14 @@ class RunModel:
             recipe["drop_path_rule"] = cfg.drop_path_rule
         recipe = {k: v for k, v in recipe.items() if k not in self.overrides}
         return dataclasses.replace(self, spec=self.spec.with_options(**recipe), overrides={**self.overrides, **recipe})
+
+    @property
+    def width(self) -> int | None:
+        """The model's embedding width (vitlab presets; timm models: their ``embed_dim`` option), else None."""
+        if self.spec.config is not None:
+            return self.spec.config.embed_dim
+        value = self.overrides.get("embed_dim")
+        return int(value) if isinstance(value, int) else None
 
     def spec_for(self, num_classes: int) -> ModelSpec:
         """The spec of the run's model for the data's ``num_classes`` classes (they win over a ``num_classes``
@@ -324,6 +351,8 @@ def resolve_run_model(cfg: RunConfig) -> RunModel:
     spec = resolve_spec(name, **overrides)
     if spec.config.arch == "vit":
         defaults = {k: v for k, v in model_defaults(cfg.dataset).items() if k not in overrides}
+        if cfg.recipe == "deit3" and spec.config.gate == "none" and "gate" not in overrides:
+            defaults["gate"] = "layerscale"  # DeiT III trains its ViTs with LayerScale (init 1e-4, models_v2.py)
         overrides = {**defaults, **overrides}
         spec = spec.with_options(**defaults) if defaults else spec
     return RunModel(spec, overrides, spec.config.img_size, spec.config.in_chans)

@@ -157,11 +157,7 @@ class Loop:
             return self._fit()
 
     def _criterion(self) -> nn.Module:
-        if self.pipeline.soft_targets:
-            from timm.loss import SoftTargetCrossEntropy
-
-            return SoftTargetCrossEntropy()
-        return nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
+        return self.pipeline.criterion()
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         """The model as the steps run it: under DDP on several processes, compiled with ``--compile``."""
@@ -227,7 +223,7 @@ class Loop:
         cfg, p = self.cfg, self.progress
         epoch = p.epoch
         self._clock = time.perf_counter()
-        order = epoch_order(len(self.train_data), cfg.seed, epoch).to(self.device)
+        order = epoch_order(len(self.train_data), cfg.seed, epoch, repeats=cfg.repeated_aug or 1).to(self.device)
         bar = logger.bar(epoch=epoch + 1, epochs=cfg.epochs, total=self.steps_per_epoch, initial=p.step) \
             if logger else None
         self.train_model.train()
