@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--global-pool", choices=("token", "avg"), default=None,
                    help="what the head of a class-token ViT state dict reads (its keys do not show it); or --model")
     p.add_argument("--drop-dist-token", action="store_true", help="load a distilled DeiT without its dist token")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT when it exists (never a run folder's file)")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="read a vitlab checkpoint file whose SHA-256 no longer matches its manifest.json (edited on "
                         "purpose)")
@@ -36,8 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.checkpoint import check_output_path, save_weights
+    from vitlab.checkpoint.files import check_new_file
     from vitlab.interop import load_pretrained, to_timm
 
+    check_new_file(args.output, overwrite=args.overwrite)  # no existing file replaced unasked, none in a run folder
     check_output_path(args.output)
     overrides = {k: v for k, v in (("img_size", args.img_size), ("patch_size", args.patch_size),
                                    ("in_chans", args.in_chans), ("num_classes", args.num_classes),

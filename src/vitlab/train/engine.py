@@ -36,19 +36,21 @@ __all__ = ["NonFiniteLoss", "TrainResult", "Trainer", "train"]
 
 def train(cfg: RunConfig, *, resume: str | Path | None = None, init_weights: str | Path | None = None,
           on_step: Callable[[Trainer], None] | None = None,
-          on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True) -> TrainResult:
+          on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True,
+          force: bool = False) -> TrainResult:
     """Train as ``cfg`` says (one process, or each ``torchrun`` process); see :class:`Trainer`.
 
     ``init_weights`` starts the model from pretrained weights instead of its initialisation: a ``.safetensors`` /
     ``.pth`` file or vitlab checkpoint folder (timm's or vitlab's), or ``hub`` for timm's own weights of a
     ``timm:NAME`` model, adapted to the run's image size, patch size, channels and classes
     (:func:`vitlab.train.run_model.load_init`). ``verify=False`` resumes from a ``state.pt`` whose SHA-256 no
-    longer matches its ``manifest.json``.
+    longer matches its ``manifest.json``. ``force=True`` writes into an output folder without vitlab's marker that
+    holds files a run replaces (:mod:`vitlab.train.output`).
     """
     ctx = init_distributed(cfg.device)
     try:
         return Trainer(cfg, ctx, resume=resume, init_weights=init_weights, on_step=on_step, on_epoch=on_epoch,
-                       verify=verify).fit()
+                       verify=verify, force=force).fit()
     finally:
         ctx.close()
 
@@ -63,12 +65,13 @@ class Trainer(Loop):
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
                  init_weights: str | Path | None = None, on_step: Callable[[Trainer], None] | None = None,
-                 on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True) -> None:
+                 on_epoch: Callable[[int, dict[str, Any]], bool] | None = None, verify: bool = True,
+                 force: bool = False) -> None:
         self.ctx, self.device, self.on_step, self.on_epoch = ctx, ctx.device, on_step, on_epoch
         self.stop, self.stopped_early = StopRequest(), False
 
         # 1. config: checked (out-of-range numbers, a missing tracking backend) before any data loads
-        cfg, run_model, self.out_dir = settle(cfg, ctx, resume=resume, init_weights=init_weights)
+        cfg, run_model, self.out_dir = settle(cfg, ctx, resume=resume, init_weights=init_weights, force=force)
 
         # 2. data, at the input the model takes; the recipe of the training set's size completes the config
         self.data, self.cfg, run_model = load_run_data(cfg, run_model, ctx)

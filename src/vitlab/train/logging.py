@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitlab.atomic import atomic_write_text, write_error
+from vitlab.atomic import atomic_write_text, open_in_place, write_error
 from vitlab.train.tracking import open_tracker
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
@@ -80,16 +80,15 @@ class RunLogger:
         """Append, print and track one epoch's row (``val_*`` keys with a validation split, else ``test_*``)."""
         name = "val" if "val_acc" in row else "test"
         line = json.dumps(row) + "\n"
-        size = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
-        try:
-            with open(self.metrics_path, "a") as fh:
-                fh.write(line)
-                fh.flush()
+        with open_in_place(self.metrics_path, "ab", buffering=0) as fh:  # a planted link is refused
+            size = os.fstat(fh.fileno()).st_size
+            try:
+                fh.write(line.encode())
                 os.fsync(fh.fileno())
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.truncate(self.metrics_path, size)  # no torn row
-            raise write_error(METRICS, self.out_dir, exc, len(line), "free some space there") from exc
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fh.fileno(), size)  # no torn row
+                raise write_error(METRICS, self.out_dir, exc, len(line), "free some space there") from exc
         if self.tracker is not None:
             self.tracker.log_metrics({k: v for k, v in row.items() if k not in ("epoch", "step")}, row["epoch"])
         print(f"epoch {row['epoch']:>3}  train_loss {row['train_loss']:.4f}  {name}_loss {row[f'{name}_loss']:.4f}  "
