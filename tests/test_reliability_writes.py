@@ -194,6 +194,11 @@ def test_a_folder_with_vitlabs_marker_or_nothing_to_lose_is_a_run_folder(tmp_pat
 def test_a_checkpoint_is_still_refused_even_with_force(tmp_path, trained) -> None:
     with pytest.raises(ConfigError, match="--resume"):
         settle_new(trained, force=True)
+    other = tmp_path / "other"  # resumed into a folder that holds another run's checkpoint
+    shutil.copytree(trained, other)
+    cfg = RunConfig.from_dict({**TINY_CFG, "output": str(other)}, "test")
+    with pytest.raises(ConfigError, match="another run"):
+        settle(cfg, DistContext(), resume=trained)
 
 
 def test_output_inside_the_data_folder_is_refused(capsys, tmp_path) -> None:
