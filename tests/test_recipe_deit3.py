@@ -150,3 +150,17 @@ def test_a_few_deit3_steps_lower_the_loss(tmp_path):
         ctx.close()
     assert result.summary["steps"] == 16
     assert after < before - 0.02, (before, after)
+
+
+def test_a_deit3_run_resumes_bit_exactly(tmp_path):
+    """LAMB's state, the repeated-augmentation order and 3-Augment's draws all continue exactly after a stop."""
+    from test_train import assert_same_weights, stop_at, weights
+    from vitlab.cli import main
+    from vitlab.train.engine import train
+
+    cfg = RunConfig(recipe="deit3", **{**run_config(), "limit_train": 128, "batch_size": 32}, epochs=2, threads=1)
+    full = train(cfg.replace(output=str(tmp_path / "full")))
+    part = train(cfg.replace(output=str(tmp_path / "part")), on_step=stop_at(3))
+    assert (full.exit_code, part.exit_code) == (0, 143)
+    assert main(["train", "--resume", str(tmp_path / "part")]) == 0
+    assert_same_weights(weights(tmp_path / "part"), weights(tmp_path / "full"))
