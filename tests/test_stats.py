@@ -1,0 +1,107 @@
+"""vitlab.analysis.stats on constructed data with known answers, checked against scipy.stats directly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from vitlab.analysis import stats
+
+
+def test_welch_is_scipys_welch() -> None:
+    a, b = [97.8, 98.0, 97.7], [97.7, 97.2, 97.3]
+    c = stats.welch(a, b)
+    ref = st.ttest_ind(a, b, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert c.effect == pytest.approx(np.mean(a) - np.mean(b))
+    assert (c.ci_low, c.ci_high, c.p) == pytest.approx((ci.low, ci.high, ref.pvalue))
+    assert c.test == "welch" and (c.n_a, c.n_b) == (3, 3)
+
+
+def test_a_known_effect_is_detected_and_a_null_is_undecided() -> None:
+    rng = np.random.default_rng(0)
+    big = stats.welch(rng.normal(5.0, 1.0, 20), rng.normal(0.0, 1.0, 20))
+    assert big.ci_low > 0 and big.p < 1e-6 and stats.verdict(big.ci_low, big.ci_high) == "reproduced"
+    flipped = stats.welch(rng.normal(0.0, 1.0, 20), rng.normal(5.0, 1.0, 20))
+    assert stats.verdict(flipped.ci_low, flipped.ci_high) == "contradicted"
+    null = stats.welch(rng.normal(0.0, 1.0, 3), rng.normal(0.0, 1.0, 3))
+    assert null.ci_low < 0 < null.ci_high and stats.verdict(null.ci_low, null.ci_high) == "undecided"
+
+
+def test_welch_of_two_constant_arms_says_nothing() -> None:
+    c = stats.welch([10.0, 10.0], [97.0, 97.0])
+    assert math.isnan(c.p) and stats.verdict(c.ci_low, c.ci_high) == "undecided"
+    with pytest.raises(ValueError, match="at least 2 values"):
+        stats.welch([1.0], [2.0, 3.0])
+
+
+def test_mcnemar_is_the_binomial_test_of_the_discordant_pairs() -> None:
+    a = np.array([1] * 900 + [1] * 30 + [0] * 10 + [0] * 60, dtype=bool)
+    b = np.array([1] * 900 + [0] * 30 + [1] * 10 + [0] * 60, dtype=bool)
+    assert stats.mcnemar(a, b) == pytest.approx(st.binomtest(30, 40, 0.5).pvalue)
+    assert stats.mcnemar(a, a) == 1.0
+    with pytest.raises(ValueError, match="same images"):
+        stats.mcnemar(a, b[:10])
+
+
+def test_paired_bootstrap_finds_a_known_paired_effect() -> None:
+    rng = np.random.default_rng(1)
+    base = rng.random(2000) < 0.9
+    better = base.copy()
+    better[np.flatnonzero(~base)[:80]] = True  # fixes 80 of the errors: +4 points, no new mistakes
+    c = stats.paired(better, base, n_resamples=2000)
+    assert c.effect == pytest.approx(0.04)
+    assert 0 < c.ci_low < 0.04 < c.ci_high and c.p < 1e-10 and c.test.startswith("paired")
+    assert stats.verdict(c.ci_low, c.ci_high) == "reproduced"
+    ref = st.bootstrap((better.astype(float), base.astype(float)), lambda u, v, axis=-1: u.mean(axis) - v.mean(axis),
+                       paired=True, vectorized=True, n_resamples=2000, random_state=np.random.default_rng(0))
+    assert (c.ci_low, c.ci_high) == pytest.approx((ref.confidence_interval.low, ref.confidence_interval.high))
+
+
+def test_tost_shows_equivalence_only_with_enough_data() -> None:
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(97.5, 0.3, 30), rng.normal(97.5, 0.3, 30)
+    eq = stats.tost(a, b, margin=0.5)
+    assert eq.equivalent and eq.p < 0.05 and -0.5 < eq.ci_low < eq.ci_high < 0.5
+    c = stats.welch(a, b)
+    assert stats.equivalence_verdict(eq, c.ci_low, c.ci_high) == "reproduced"
+    few = stats.tost([97.5, 96.8], [97.3, 98.1], margin=0.5)  # two runs per arm: no power for equivalence
+    assert not few.equivalent
+    c = stats.welch([97.5, 96.8], [97.3, 98.1])
+    assert stats.equivalence_verdict(few, c.ci_low, c.ci_high) == "undecided"
+    apart = stats.tost(rng.normal(99, 0.1, 10), rng.normal(97, 0.1, 10), margin=0.5)
+    c = stats.welch(rng.normal(99, 0.1, 10), rng.normal(97, 0.1, 10))
+    assert stats.equivalence_verdict(apart, c.ci_low, c.ci_high) == "contradicted"
+    # the TOST p is the larger of scipy's two one-sided Welch tests
+    lower = st.ttest_ind(a + 0.5, b, equal_var=False, alternative="greater").pvalue
+    upper = st.ttest_ind(a - 0.5, b, equal_var=False, alternative="less").pvalue
+    assert eq.p == pytest.approx(max(lower, upper))
+    with pytest.raises(ValueError, match="margin must be positive"):
+        stats.tost(a, b, margin=0)
+
+
+def test_mde_has_the_stated_power() -> None:
+    sd, n = 0.5, 3
+    mde = stats.mde_welch(n, n, sd)
+    df, nc = 2 * n - 2, mde / (sd * math.sqrt(2 / n))
+    crit = st.t.ppf(0.975, df)
+    assert st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc) == pytest.approx(0.8, abs=1e-6)
+    assert stats.mde_welch(2, 2, sd) > mde > stats.mde_welch(10, 10, sd)
+    # large samples: the normal approximation 2.8 sd sqrt(2/n)
+    assert stats.mde_welch(2000, 2000, 1.0) == pytest.approx(2.8016 * math.sqrt(2 / 2000), rel=1e-3)
+    assert stats.mde_paired(1.0, 100) == pytest.approx((st.norm.ppf(0.975) + st.norm.ppf(0.8)) / 10)
+    assert math.isnan(stats.mde_welch(3, 3, 0.0))
+
+
+def test_mde_by_simulation() -> None:
+    """A true difference of the MDE is found about 80 % of the time by Welch's test (which is a little less
+    powerful than the equal-variance t the formula uses)."""
+    rng = np.random.default_rng(3)
+    sd, n = 1.0, 5
+    mde = stats.mde_welch(n, n, sd)
+    a, b = rng.normal(mde, sd, (4000, n)), rng.normal(0.0, sd, (4000, n))
+    hits = np.mean(st.ttest_ind(a, b, axis=1, equal_var=False).pvalue < 0.05)
+    assert 0.70 < hits < 0.83
