@@ -254,3 +254,13 @@ def test_an_output_below_a_file_is_one_line(capsys, tmp_path) -> None:
     msg = cli_error(capsys, ["train", *TINY, "--epochs", "1", "--output", str(blocker / "run")])
     assert "--output" in msg, msg
     assert hashes(blocker) == before
+
+
+def test_analyze_never_writes_into_a_run_folder(capsys, tmp_path, trained) -> None:
+    run = tmp_path / "run"  # analyze writes summary.json and index.html: a run's own summary.json would be replaced
+    shutil.copytree(trained, run)
+    before, names = hashes(run), sorted(p.name for p in run.iterdir())
+    msg = cli_error(capsys, ["analyze", "--checkpoint", str(trained), "--output", str(run), "--device", "cpu",
+                             "--num-images", "2"])
+    assert "run folder" in msg and "--output" in msg, msg
+    assert hashes(run) == before and sorted(p.name for p in run.iterdir()) == names

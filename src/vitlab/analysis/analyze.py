@@ -137,6 +137,11 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output {out_dir} is a file; pass --output a folder")
+    from vitlab.checkpoint.files import is_run_folder
+
+    if is_run_folder(out_dir):  # its summary.json is the run's: the report would replace it
+        raise ConfigError(f"output {out_dir} is a run folder of vitlab (its summary.json and files belong to that "
+                          "run); pass --output another folder, e.g. a subfolder of it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.staging-"))
