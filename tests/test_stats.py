@@ -105,3 +105,13 @@ def test_mde_by_simulation() -> None:
     a, b = rng.normal(mde, sd, (4000, n)), rng.normal(0.0, sd, (4000, n))
     hits = np.mean(st.ttest_ind(a, b, axis=1, equal_var=False).pvalue < 0.05)
     assert 0.70 < hits < 0.83
+
+
+def test_one_sample_is_scipys() -> None:
+    a = [0.49, 0.41, 0.42]
+    c = stats.one_sample(a, 0.9)
+    ref = st.ttest_1samp(a, 0.9)
+    ci = ref.confidence_interval()
+    assert (c.effect, c.ci_low, c.ci_high, c.p) == pytest.approx((np.mean(a) - 0.9, ci.low - 0.9, ci.high - 0.9,
+                                                                   ref.pvalue))
+    assert stats.verdict(c.ci_low, c.ci_high) == "contradicted"

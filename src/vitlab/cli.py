@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vitlab import commands
+from vitlab import commands, provenance
 from vitlab.errors import VitlabError
 
 
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    provenance.set_command(sys.argv[1:] if argv is None else argv)  # each run's summary.json names it
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

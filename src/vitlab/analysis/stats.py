@@ -65,6 +65,15 @@ def welch(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> C
     return Comparison(effect, float(ci.low), float(ci.high), float(res.pvalue), "welch", x.size, y.size, confidence)
 
 
+def one_sample(a: Sequence[float], value: float, confidence: float = 0.95) -> Comparison:
+    """``mean(a) - value`` by the one-sample t-test (``scipy.stats.ttest_1samp``), for a claim about a threshold."""
+    x = _array(a)
+    res = st.ttest_1samp(x, value)
+    ci = res.confidence_interval(confidence)
+    return Comparison(float(x.mean() - value), float(ci.low - value), float(ci.high - value), float(res.pvalue),
+                      "one-sample t", x.size, 0, confidence)
+
+
 def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> float:
     """McNemar's exact p-value (two-sided): the binomial test of the pairs only one arm got right."""
     x, y = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)

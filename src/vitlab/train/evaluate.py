@@ -22,11 +22,12 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
 @torch.no_grad()
 def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std: tuple[float, ...],
              batch_size: int, device: torch.device, amp_dtype: torch.dtype | None = None,
-             ctx: DistContext | None = None, slices: int = 1) -> dict:
+             ctx: DistContext | None = None, slices: int = 1, predictions: bool = False) -> dict:
     """Mean cross-entropy (no label smoothing), accuracy and the confusion matrix (true x predicted) of
     ``model`` on ``split``; with several processes each takes every world_size-th image and the sums are
     all-reduced, so every process returns the numbers of the whole split. ``slices`` > 1 computes each batch
-    as that many concurrent row slices (``vitlab.perf.sliced_forward``)."""
+    as that many concurrent row slices (``vitlab.perf.sliced_forward``). ``predictions``: also the predicted
+    class of every image, in the split's order (``"predictions"``, on the CPU)."""
     from vitlab.perf import sliced_forward
 
     ctx = ctx or DistContext(device=device)
@@ -37,6 +38,8 @@ def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std
     mine = torch.arange(ctx.rank, len(split), ctx.world_size)
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
     confusion = torch.zeros(k * k, dtype=torch.int64, device=device)
+    # each process fills its own images with prediction + 1, so the sum over processes is every image's
+    predicted = torch.zeros(len(split) if predictions else 0, dtype=torch.int64, device=device)
 
     def forward(rows: Tensor) -> Tensor:
         with autocast(device, amp_dtype):
@@ -51,12 +54,19 @@ def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std
         sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
         sums[1] += (pred == y).sum()
         confusion += torch.bincount(y * k + pred, minlength=k * k)
+        if predictions:
+            predicted[idx.to(device)] = pred + 1
     ctx.all_reduce_sum(sums)
     ctx.all_reduce_sum(confusion)
+    if predictions:
+        ctx.all_reduce_sum(predicted)
     model.train(was_training)
     n = len(split)
-    return {"loss": sums[0].item() / max(n, 1), "acc": sums[1].item() / max(n, 1), "count": n,
-            "confusion": confusion.view(k, k).cpu()}
+    out = {"loss": sums[0].item() / max(n, 1), "acc": sums[1].item() / max(n, 1), "count": n,
+           "confusion": confusion.view(k, k).cpu()}
+    if predictions:
+        out["predictions"] = predicted.cpu() - 1
+    return out
 
 
 def top_k(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:

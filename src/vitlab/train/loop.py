@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab import perf
+from vitlab import perf, provenance
 from vitlab.checkpoint import CONFIG, WEIGHTS, read_weights, save_checkpoint, unwrap, weights_of
 from vitlab.data import DataSplit
 from vitlab.errors import NumericalError, WriteError
@@ -189,7 +189,9 @@ class Loop:
                         status = "stopped"
                         return self._interrupted()
             summary = self.summary()
+            predictions = self._evaluate(self.test_data, predictions=True)["predictions"]  # on every process
             if logger is not None:
+                provenance.write_predictions(self.out_dir, self.test_data, predictions)
                 logger.write_summary(summary)
             status = "finished"
             return TrainResult(self.out_dir, summary)
@@ -282,9 +284,10 @@ class Loop:
         x = normalize(self.train_data.images[:n].to(self.device), self.mean, self.std)
         return probe_model(model, x, batch_size=min(n, self.cfg.eval_batch_size)).columns()
 
-    def _evaluate(self, split: DataSplit) -> dict[str, Any]:
+    def _evaluate(self, split: DataSplit, predictions: bool = False) -> dict[str, Any]:
         return evaluate(self.eval_model, split, mean=self.mean, std=self.std, batch_size=self.cfg.eval_batch_size,
-                        device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx, slices=self.slices)
+                        device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx, slices=self.slices,
+                        predictions=predictions)
 
     def _tick(self) -> None:
         """Add the wall time since the last tick to the run's and the epoch's clocks."""
@@ -424,4 +427,4 @@ class Loop:
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
                 "flops": 2 * macs if macs is not None else None, "skipped_steps": p.skipped_steps,
                 "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads(),
-                "slices": self.slices, "stopped_early": self.stopped_early}
+                "slices": self.slices, "stopped_early": self.stopped_early, **provenance.stamp()}
