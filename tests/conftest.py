@@ -31,3 +31,12 @@ def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list:
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     return calls
 
+
+
+@pytest.fixture(autouse=True)
+def _studies_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study without ``--workers`` trains in this process, as on a one-core machine, so that the many tests that
+    patch the trainer see their patch; tests of the executors name ``--workers`` (tests/test_executors.py)."""
+    from vitlab.experiments import executors
+
+    monkeypatch.setattr(executors, "_cores", lambda: 1)

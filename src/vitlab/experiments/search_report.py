@@ -109,7 +109,10 @@ def importances(study: Any) -> tuple[dict[str, float] | None, str]:
     if not distinct:
         return None, "every complete trial has the same values: nothing to attribute the differences to."
     try:
-        return optuna.importance.get_param_importances(study), ""
+        # fANOVA named (Optuna 5 made PED-ANOVA the default, which warns on small studies), seeded: the same
+        # study gives the same importances
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+        return optuna.importance.get_param_importances(study, evaluator=evaluator), ""
     except (RuntimeError, ValueError) as exc:
         return None, f"Optuna could not compute them ({exc})."
 

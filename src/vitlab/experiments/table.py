@@ -10,6 +10,7 @@ by runs without a validation split) is never tabled.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 
@@ -72,7 +73,8 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def aggregate(rows: Sequence[dict], keys: Sequence[str], values: Sequence[str]) -> list[dict]:
-    """Group ``rows`` by ``keys`` (first-seen order) and give ``n`` and ``<v>_mean`` / ``<v>_std`` per value column."""
+    """Group ``rows`` by ``keys`` (first-seen order) and give ``n`` and ``<v>_mean`` / ``<v>_std`` per value column
+    (a column a row lacks, as in a record written before that measure existed, counts as NaN)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in keys), []).append(r)
@@ -81,7 +83,7 @@ def aggregate(rows: Sequence[dict], keys: Sequence[str], values: Sequence[str]) 
         row = dict(zip(keys, key))
         row["n"] = len(members)
         for v in values:
-            row[f"{v}_mean"], row[f"{v}_std"] = mean_std([float(m[v]) for m in members])
+            row[f"{v}_mean"], row[f"{v}_std"] = mean_std([float(m.get(v, math.nan)) for m in members])
         out.append(row)
     return out
 
