@@ -94,7 +94,7 @@ class Trainer(Loop):
 
         # 4. optimiser and schedule (per step)
         self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                         layer_decay=cfg.layer_decay)
+                                         layer_decay=cfg.layer_decay, optimizer=cfg.optimizer)
         steps = self.data.steps_per_epoch
         self.scheduler = WarmupCosine(self.optimizer, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=cfg.epochs * steps,
                                       warmup_steps=round(cfg.warmup_epochs * steps))
@@ -103,5 +103,5 @@ class Trainer(Loop):
         self.progress = Progress()
         if resume is not None:
             restore(resume, verify=verify, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                    ema=self.ema, progress=self.progress)
+                    ema=self.ema, progress=self.progress, cfg=cfg)
         self.lock = open_run_folder(self.out_dir, resume, ctx)
