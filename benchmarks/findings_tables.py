@@ -213,7 +213,8 @@ def collect(page: Path, runs: Path) -> list[str]:
     return copied
 
 
-RUN_RECORD = ("summary.json", "config.json", "metrics.jsonl", "diagnostics.json")  # what a study reads back
+RUN_RECORD = ("summary.json", "config.json", "metrics.jsonl", "diagnostics.json",
+              "test_predictions.json")  # what a study reads back, and the per-image record for paired tests
 
 
 def keep_runs(runs: Path, out: Path) -> list[str]:
