@@ -631,7 +631,7 @@ def test_analyze_model_cait_files_and_numbers(tmp_path):
     out = tmp_path / "out"
     res = analyze_model(model, images, out, labels=torch.arange(6), classes=[str(i) for i in range(10)],
                         mean=(0.1307,), std=(0.3081,), num_show=2, batch_size=4, command="vitlab analyze x")
-    assert sorted(res.files) == sorted(p.name for p in out.iterdir())
+    assert sorted([*res.files, ".vitlab-output.json"]) == sorted(p.name for p in out.iterdir())  # + the marker
     for name in ("collapse_similarity.png", "collapse_similar_blocks.png", "residual_ratios.png",
                  "attention_heads.png", "attention_rollout.png", "pos_embed_similarity.png"):
         with Image.open(out / name) as im:
@@ -714,10 +714,11 @@ def test_cli_analyze_writes_every_file(tmp_path, capsys):
                      "collapse_similar_blocks.png", "residual_ratios.png", "residual_ratios.csv",
                      "attention_heads.png", "attention_rollout.png", "attention_maps.csv", "pos_embed_similarity.png",
                      "pos_embed_similarity.csv", "probes_layers.csv", "probes_heads.csv", "probes.png",
-                     "artifact_tokens.png", "summary.json", "index.html"}
+                     "artifact_tokens.png", "summary.json", "index.html", ".vitlab-output.json"}
     html = (out / "index.html").read_text()
     assert "--dataset mnist-5k --num-images 12 --show 3" in html
-    assert "Probes per block" in html and len(read_rows(out / "probes_layers.csv")) == len(read_rows(out / "residual_ratios.csv"))
+    assert "Probes per block" in html
+    assert len(read_rows(out / "probes_layers.csv")) == len(read_rows(out / "residual_ratios.csv"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_images"] == 12
     # images are taken class by class, so the three drawn are one digit each

@@ -337,8 +337,9 @@ def test_resampling_a_smooth_position_embedding_keeps_logits_close(tmp_path: Pat
     assert rough > 5e-3, rough
 
 
-@pytest.mark.parametrize("name,kwargs", [("vit_tiny", dict(reg_tokens=2)), ("vit_tiny", dict(class_token=False,
-                         global_pool="avg")), ("cait_xxs24", {}), ("vit5_small", dict(rope=False, pos_resample_antialias=True))])
+@pytest.mark.parametrize("name,kwargs", [("vit_tiny", dict(reg_tokens=2)),
+                                         ("vit_tiny", dict(class_token=False, global_pool="avg")), ("cait_xxs24", {}),
+                                         ("vit5_small", dict(rope=False, pos_resample_antialias=True))])
 def test_position_embedding_resampling_keeps_prefix_slots(tmp_path: Path, name: str, kwargs: dict) -> None:
     model = perturb(vitlab.create_model(name, **SMALL, **kwargs))
     save_weights(model.state_dict(), tmp_path / "w.safetensors")

@@ -96,7 +96,7 @@ def test_model_probe_per_layer_and_mode_restored():
     torch.manual_seed(0)
     model = _tiny(reg_tokens=2).train()
     x = torch.randn(5, 1, 16, 16)
-    p = model.probe(x)
+    p = probes.probe_model(model, x)
     assert model.training and all(m.training for m in model.modules())
     assert p.layers == [0, 1] and p.num_images == 5
     assert p.token_norms.shape == (2, 5, 16)  # patches only: class and register tokens excluded
@@ -118,7 +118,7 @@ def test_model_probe_per_layer_and_mode_restored():
 
 def test_probe_without_class_token_or_registers_reports_nan_masses():
     model = _tiny(class_token=False, global_pool="avg")
-    p = model.probe(torch.randn(2, 1, 16, 16))
+    p = probes.probe_model(model, torch.randn(2, 1, 16, 16))
     assert all(math.isnan(v) for v in p.artifact_mass_cls + p.register_mass_all)
     assert all(math.isfinite(v) for v in p.artifact_mass_all + p.token_similarity)
 
@@ -127,7 +127,7 @@ def test_probe_batches_agree_with_one_pass():
     torch.manual_seed(1)
     model = _tiny()
     x = torch.randn(6, 1, 16, 16)
-    a, b = model.probe(x, batch_size=6), model.probe(x, batch_size=4)
+    a, b = probes.probe_model(model, x, batch_size=6), probes.probe_model(model, x, batch_size=4)
     for name in ("token_similarity", "effective_rank", "rank_residual", "artifact_count", "max_logit"):
         assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-4, abs=1e-6)
 
@@ -156,7 +156,7 @@ def test_probes_per_epoch_in_metrics_and_tensorboard(tmp_path):
         for name in ("token_similarity", "effective_rank", "artifact_count", "max_logit", "attn_entropy"):
             assert {f"probe/{name}/block0", f"probe/{name}/block1"} <= set(r), name
     # the last row's probes are those of the saved model on the first 8 training images
-    again = load_model(out).probe(seen["x"]).columns()
+    again = probes.probe_model(load_model(out), seen["x"]).columns()
     for key in ("probe/token_similarity/block1", "probe/effective_rank/block0", "probe/max_logit/block1"):
         assert rows[-1][key] == pytest.approx(again[key], rel=1e-4), key
     if tb:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -232,3 +233,12 @@ def format_cross_check(ours: int, theirs: int) -> str:
     verdict = "OK, equal" if ours == theirs else f"MISMATCH by {theirs - ours:+,}"
     return (f"cross-check  2 x matmul MACs = {ours:,}; torch FlopCounterMode (eval, MATH attention, 1 image) = "
             f"{theirs:,}: {verdict}")
+
+
+def model_cost(preset: str, overrides: dict[str, Any]) -> tuple[int, int]:
+    """``(parameters, MACs per image)`` of a vitlab preset with ``overrides``, built on the meta device."""
+    from vitlab.models import create_model
+
+    with torch.device("meta"):
+        model = create_model(preset, **overrides)
+    return sum(p.numel() for p in model.parameters()), model.flop_count()

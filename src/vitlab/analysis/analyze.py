@@ -7,7 +7,8 @@ Files (all in ``out_dir``): ``collapse_similarity.{png,csv}``, ``collapse_layers
 absolute position embedding), ``probes_layers.csv``, ``probes_heads.csv``, ``probes.png`` and
 ``artifact_tokens.png`` (the per-layer probes of :mod:`vitlab.analysis.probes`), ``summary.json`` and
 ``index.html``. They are written into a hidden staging
-folder and moved into place at the end, so a failed run leaves nothing behind.
+folder and moved into place at the end, so a failed run leaves nothing behind; the folder is claimed with the
+marker of :mod:`vitlab.outputs` (``.vitlab-output.json``), and a folder of a user's files of these names refused.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from vitlab import outputs
 from vitlab.analysis import plots
 from vitlab.analysis.attention_maps import TokenLayout, readout_attention, readout_label
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
@@ -114,7 +116,8 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
                   std: tuple[float, ...] | None = None, threshold: float = 0.9, num_show: int = 6,
                   layer: int | None = None, batch_size: int = 32, command: str | list[str] | None = None,
                   title: str | None = None, method: str = "attention", head_fusion: str = "mean",
-                  discard_ratio: float = 0.0, target_class: int | None = None) -> AnalysisResult:
+                  discard_ratio: float = 0.0, target_class: int | None = None,
+                  force: bool = False) -> AnalysisResult:
     """Run attention collapse, residual ratios, attention maps / rollout and the position-embedding figure.
 
     ``images``: ``(B, C, H, W)`` uint8 (standardised with ``mean``/``std`` when given) or float model
@@ -125,6 +128,9 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     self-attention layer). ``method``, ``head_fusion``, ``discard_ratio`` and ``target_class`` choose the
     rollout (see :mod:`vitlab.analysis.rollout`). The model runs in eval mode
     (:func:`~vitlab.models.eval_mode.analysis_mode`) on its own device and is put back as it was.
+    ``out_dir`` is taken by the rule of :mod:`vitlab.outputs`: new, empty, the marker of an earlier analysis, or
+    holding none of :data:`OUTPUTS`; a folder holding any of them without the marker is refused unless ``force``
+    (replace them), a run folder always.
     """
     check_options(head_fusion, discard_ratio, method)
     if target_class is not None and method != "gradient":
@@ -134,14 +140,8 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     if num_show < 1 or batch_size < 1:
         raise ConfigError(f"num_show and batch_size must be >= 1, got {num_show} and {batch_size}")
     x = model_inputs(model, images, mean, std)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"output {out_dir} is a file; pass --output a folder")
-    from vitlab.checkpoint.files import is_run_folder
-
-    if is_run_folder(out_dir):  # its summary.json is the run's: the report would replace it
-        raise ConfigError(f"output {out_dir} is a run folder of vitlab (its summary.json and files belong to that "
-                          "run); pass --output another folder, e.g. a subfolder of it")
+    out_dir = Path(out_dir).expanduser()
+    outputs.check(out_dir, "analyze", OUTPUTS, force=force)  # a run folder, or a user's files of these names: refused
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.staging-"))
@@ -151,7 +151,7 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
                           threshold=threshold, num_show=min(num_show, len(x)), layer=layer, batch_size=batch_size,
                           command=command, title=title, method=method, head_fusion=head_fusion,
                           discard_ratio=discard_ratio, target_class=target_class)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        outputs.claim(out_dir, "analyze", OUTPUTS, force=force)
         for name in OUTPUTS:  # outputs of an earlier run this one did not produce would be stale
             if name not in result.files:
                 with contextlib.suppress(FileNotFoundError):

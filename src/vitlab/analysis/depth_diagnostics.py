@@ -32,8 +32,10 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
     from vitlab.analysis import SimilarityMeter, analyze_model, attention_entropy, residual_ratios, write_json
     from vitlab.analysis.analyze import model_inputs
     from vitlab.analysis.collapse import is_probability_rows
+    from vitlab.analysis.probes import probe_model
     from vitlab.checkpoint import load_model
     from vitlab.layers.attention import record_pre_mix
+    from vitlab.models import VitlabModel
 
     path = run_dir / "diagnostics.json"
     old = None
@@ -78,7 +80,8 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
             "entropy": {"layers": entropy_layers,
                         "values": (entropy / len(images)).tolist() if entropy is not None else []},
             "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)],
-            "probes": _json_rows(model.probe(x, batch_size=batch_size).rows()) if hasattr(model, "probe") else []}
+            "probes": _json_rows(probe_model(model, x, batch_size=batch_size).rows())
+            if isinstance(model, VitlabModel) else []}
     write_json(path, diag)
     return diag
 

@@ -1,7 +1,7 @@
 """Per-layer probes of why deep ViTs fail: over-smoothing, rank collapse, artifact tokens and attention logits.
 
 Each probe is a pure function on one layer's tokens or attention, and :func:`probe_model` runs them all on every
-self-attention block of a vitlab model (``model.probe(x)``). Patch statistics use the patch tokens only: the class
+self-attention block of a vitlab model (:func:`probe_model`). Patch statistics use the patch tokens only: the class
 token and register tokens are left out (they are where Darcet et al. 2024 expect the artifacts to go).
 
 - **token similarity** (over-smoothing): the mean cosine similarity of the patch tokens over all pairs ``i != j``

@@ -19,6 +19,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", required=True, metavar="DIR",
                    help="checkpoint folder: model.safetensors + config.json (written by vitlab train)")
     p.add_argument("--output", required=True, metavar="DIR", help="folder for the figures, tables and index.html")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --output folder vitlab did not claim (no .vitlab-output.json) although it "
+                        "holds files of the names the analysis writes, replacing them (a run folder is refused all "
+                        "the same)")
     p.add_argument("--dataset", default=None, metavar="NAME",
                    help=f"images to analyse (test split); default: the checkpoint's run dataset or {DEFAULT_DATASET}")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="local data folder (see vitlab.data.load_dataset)")
@@ -98,7 +102,9 @@ def command_line(args: argparse.Namespace, dataset: str, data_dir: str | None) -
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from vitlab import outputs
     from vitlab.analysis import analyze_model
+    from vitlab.analysis.analyze import OUTPUTS
     from vitlab.data import load_dataset, normalization
     from vitlab.errors import ConfigError
 
@@ -107,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     checkpoint = Path(args.checkpoint).expanduser()
     model, run_cfg = load_checkpoint(checkpoint, args.verify)
+    outputs.check(args.output, "analyze", OUTPUTS, force=args.force)  # before any data loads
     dataset = args.dataset or run_cfg.get("dataset") or DEFAULT_DATASET
     data_dir = args.data_dir or (run_cfg.get("data_dir") if not args.dataset else None)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -123,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                            layer=args.layer, batch_size=args.batch_size, command=command_line(args, dataset, data_dir),
                            title=f"Analysis of {cfg.name or cfg.arch} ({checkpoint.name}) on {dataset}",
                            method=args.rollout, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-                           target_class=args.target_class)
+                           target_class=args.target_class, force=args.force)
     for g in result.groups:
         print(f"{g.name}: mean cross-layer similarity {g.mean_off_diagonal():.3f}, similar blocks per layer "
               f"{g.similar.tolist()}")

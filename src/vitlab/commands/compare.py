@@ -7,7 +7,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_run_options
+    from vitlab.commands.options import add_force_option, add_run_options
 
     p = subparsers.add_parser(
         "compare", help="compare models (vitlab presets, timm:NAME, fine-tuned checkpoints) on one recipe",
@@ -28,6 +28,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seeds", type=int, default=1, help="runs per row, seeds 0..N-1 (default 1)")
     add_run_options(p)
     p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figure, index.html)")
+    add_force_option(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     items = entries(models, sets, parse_pretrained(args.pretrained, models))
     result = run_compare(CompareConfig(items, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
                                        command_line(args), args.logger, models, finished_only=args.finished_only,
-                                       executor=executor_config(args)))
+                                       executor=executor_config(args), force=args.force))
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
         print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "

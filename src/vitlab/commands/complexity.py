@@ -7,6 +7,8 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from vitlab.commands.options import add_force_option
+
     p = subparsers.add_parser(
         "complexity", help="time and memory against the number of tokens, with a fitted exponent",
         description="Build MODEL at each --img-sizes, time forward (eval, no grad) and forward+backward (train) on a "
@@ -27,6 +29,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--output", required=True, metavar="DIR", help="folder for the CSV, figure and index.html")
+    add_force_option(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = ComplexityConfig(args.model, parse_ints(args.img_sizes, "--img-sizes"), args.output, parse_set(args.set),
                               args.batch_size, args.repeats, args.attention, args.device, args.threads,
-                              command_line(args))
+                              command_line(args), force=args.force)
     done = run_complexity(config, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(done["text"].split("\n\n")[0])
     print(f"wrote complexity.csv, fits.csv, complexity.png, index.html to {done['out']}")

@@ -10,7 +10,7 @@ ALL_VARIANTS = "vit,layerscale,rezero,skipinit,fixup,tfixup,cait,vit5,deepvit"
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_run_options
+    from vitlab.commands.options import add_force_option, add_run_options
 
     p = subparsers.add_parser(
         "depth-study", help="accuracy, attention collapse and residual ratios against depth per variant",
@@ -48,6 +48,7 @@ def register(subparsers: Any) -> None:
                         "RUN/analysis")
     add_run_options(p)
     p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figures, index.html)")
+    add_force_option(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                               base_run_config(args, dataset=args.dataset), args.output, args.seeds, args.num_images,
                               args.threshold, parse_set(args.set), args.analyze_runs, command_line(args), args.logger,
                               finished_only=args.finished_only, executor=executor_config(args),
-                              probe_images=args.probe_images)
+                              probe_images=args.probe_images, force=args.force)
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

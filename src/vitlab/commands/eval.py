@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+EVAL_FILES = ("confusion_matrix.png",)  # what eval writes into --output
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="evaluate a checkpoint on a test set",
@@ -17,6 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(default: the training run's)")
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--output", metavar="DIR", help="folder for confusion_matrix.png (default: the checkpoint)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --output folder vitlab did not claim (no .vitlab-output.json) although it "
+                        "holds a confusion_matrix.png, replacing it")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--model", help="the architecture you expect (preset or timm:NAME); a checkpoint of "
                    "another one is refused")
@@ -32,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from vitlab import outputs
     from vitlab.checkpoint import ModelSpec, load_model, read_config
     from vitlab.data import load_dataset
     from vitlab.errors import ConfigError, DataError
@@ -43,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
     model = load_model(args.checkpoint, model=args.model, verify=args.verify)  # config.json checked and validated
+    if args.output:  # a folder of the user's is refused before any data loads (vitlab.outputs)
+        outputs.check(args.output, "eval", EVAL_FILES, force=args.force, runs=True)
     config = read_config(args.checkpoint, verify=False)
     run_cfg = config.get("run") or {}
     img_size, in_chans = ModelSpec.from_dict(config["model"]).input_shape
@@ -65,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
     amp = args.amp or run_cfg.get("amp", "off")
     amp_dtype = torch.bfloat16 if amp == "bf16" or (amp == "auto" and device.type == "cuda") else None
     m = evaluate(model, test, mean=mean, std=std, batch_size=args.batch_size, device=device, amp_dtype=amp_dtype)
-    out_dir = Path(args.output) if args.output else Path(args.checkpoint)
+    out_dir = Path(args.checkpoint)
     if out_dir.is_file():
-        out_dir = out_dir.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = out_dir.parent  # the checkpoint's model.safetensors: its run folder
+    if args.output:
+        out_dir = outputs.claim(args.output, "eval", EVAL_FILES, force=args.force, runs=True)
     png = save_confusion_matrix(out_dir / "confusion_matrix.png", m["confusion"], test.classes,
                                 title=f"{dataset} test, accuracy {100 * m['acc']:.2f}%")
     print(f"test_loss {m['loss']:.4f}  test_acc {100 * m['acc']:.2f}%  ({m['count']} images, {dataset} test)")

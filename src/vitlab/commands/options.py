@@ -82,6 +82,15 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     add_executor_options(p)
 
 
+def add_force_option(p: argparse.ArgumentParser) -> None:
+    """``--force``: write into an ``--output`` folder that holds files of the command's names without vitlab's marker
+    (:mod:`vitlab.outputs`)."""
+    p.add_argument("--force", action="store_true",
+                   help="write into an --output folder vitlab did not claim (no .vitlab-output.json) although it "
+                        "holds files of the names this command writes, replacing them (a run folder is refused "
+                        "all the same)")
+
+
 def add_executor_options(p: argparse.ArgumentParser) -> None:
     """Where a study's runs train (:mod:`vitlab.experiments.executors`)."""
     g = p.add_argument_group("where the runs train (docs/experiments.md, 'Running a study on many workers')")

@@ -17,7 +17,7 @@ class _AfterParam(argparse.Action):
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_run_options
+    from vitlab.commands.options import add_force_option, add_run_options
 
     p = subparsers.add_parser(
         "sweep", help="hyper-parameter sweep: accuracy and training time against option values",
@@ -63,6 +63,7 @@ def register(subparsers: Any) -> None:
                    help="--search optuna: the sampler's seed and every trial's training seed (default 0)")
     add_run_options(p)
     p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figures, index.html)")
+    add_force_option(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     params = parse_params(args.model, args.param or [], args.values or [])
     config = SweepConfig(args.model, params, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
                          parse_set(args.set), command_line(args, paired=("param", "values")), args.logger,
-                         finished_only=args.finished_only, executor=executor_config(args))
+                         finished_only=args.finished_only, executor=executor_config(args), force=args.force)
     result = run_sweep(config)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
@@ -106,7 +107,6 @@ def run_search_command(args: argparse.Namespace) -> int:
 
     from vitlab.commands.options import base_run_config, command_line
     from vitlab.errors import ConfigError
-    from vitlab.experiments.runs import check_output
     from vitlab.experiments.search import SearchConfig, import_optuna, parse_search_params, run_search
     from vitlab.train.options import parse_set
 
@@ -135,9 +135,8 @@ def run_search_command(args: argparse.Namespace) -> int:
     command = command_line(shown).replace("vitlab sweep", f"vitlab sweep {words}", 1)
     config = SearchConfig(model=args.model, dataset=args.dataset, params=params,
                           base=base_run_config(args, dataset=args.dataset), output=Path(args.output), fixed=fixed,
-                          command=command, storage=args.storage, **extra)
+                          command=command, storage=args.storage, force=args.force, **extra)
     config.validate()
-    config.output = check_output(args.output)
     result = run_search(config)
     print(f"{result['text']} Wrote trials.csv, {', '.join(result['figures'])}, summary.json, index.html to "
           f"{config.output} (study in optuna.db)")

@@ -253,6 +253,7 @@ class CompareConfig:
     models: list[str] = field(default_factory=list)  # the --models, as given (for the report's settings)
     finished_only: bool = False  # train nothing; tables from the runs already finished
     executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
+    force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:
@@ -265,7 +266,7 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
     cfg, items = config.run, config.entries
     models = config.models or list(dict.fromkeys(e.model for e in items))
     specs = compare_specs(items, cfg, list(range(config.seeds)))
-    out = check_output(config.output)
+    out = check_output(config.output, "compare", force=config.force)
     pairs = run_all(specs, out, title="compare", finished_only=config.finished_only, executor=config.executor)
     meta = {"dataset": cfg.dataset, "models": models,
             "overrides": {e.model: e.overrides for e in items if e.init is None},

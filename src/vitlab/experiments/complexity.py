@@ -233,6 +233,7 @@ class ComplexityConfig:
     device: str = "cpu"
     threads: int | None = None  # torch threads (None: torch's)
     command: str = ""  # the command line the report shows
+    force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
 
 def run_complexity(config: ComplexityConfig, log: Any = None) -> dict[str, Any]:
@@ -259,7 +260,7 @@ def run_complexity(config: ComplexityConfig, log: Any = None) -> dict[str, Any]:
         if config.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {config.threads}")
         torch.set_num_threads(config.threads)
-    out = check_output(config.output)
+    out = check_output(config.output, "complexity", force=config.force)
     result = measure_complexity(config.model, sizes, overrides=overrides, batch_size=config.batch_size,
                                 repeats=config.repeats, device=device, backend=config.attention, log=log)
     write_csv(out / "complexity.csv", [p.row() for p in result.points], COLUMNS)

@@ -353,6 +353,7 @@ class DepthStudyConfig:
     finished_only: bool = False  # train nothing; tables from the runs already finished
     executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
     probe_images: int = 64  # training images each run's per-epoch probes use (0: probes at the end only)
+    force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
 
 def variant_notes(variants: list[str]) -> list[str]:
@@ -389,7 +390,7 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     if config.probe_images and not cfg.probe_images:
         cfg = cfg.replace(probe_images=config.probe_images)
     specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared)
-    out = check_output(config.output)
+    out = check_output(config.output, "depth-study", force=config.force)
     pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only, executor=config.executor)
     depths = sorted({spec.info["depth"] for spec, _ in pairs})  # --finished-only: the depths that have runs
 

@@ -14,6 +14,7 @@ invocation tries it again); a :class:`~vitlab.errors.ConfigError` or Ctrl-C stop
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -58,23 +59,38 @@ class ExecutorConfig:
                               "CPUs (and --gpus-per-run) allow")
 
 
+SUMMARY = "summary.json"
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """The ``summary.json`` of a finished run, or None when the run has not finished."""
+    path = run_dir / SUMMARY
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # torn or unreadable: the run is redone
+    return data if isinstance(data, dict) else None
+
+
 @dataclass
 class RunTask:
     """One run handed to a worker: its folder, its run config, the weights it starts from, and the trainer
-    (None: :func:`vitlab.experiments.runs.train_run`; another must be importable by the workers)."""
+    (:func:`vitlab.experiments.runs.train_run` as :func:`~vitlab.experiments.runs.run_all` hands it; another must be
+    importable by the workers)."""
 
     name: str
     config: Any  # RunConfig
     run_dir: str
+    trainer: Callable[..., dict]
     init: str | None = None
-    trainer: Callable[..., dict] | None = None
 
 
 def train_task(task: RunTask) -> dict[str, Any]:
     """Train one run, or read it back: the function every executor calls. Returns ``{"status": "done", "summary",
     "ran"}``, ``{"status": "busy"}`` when another live process holds the run's folder, or ``{"status": "error",
     "error", "config"}`` when the run raised (``config``: a ConfigError, which stops the study)."""
-    from vitlab.experiments.runs import read_summary, train_run
     from vitlab.train.lock import claim
 
     run_dir = Path(task.run_dir)
@@ -88,7 +104,7 @@ def train_task(task: RunTask) -> dict[str, Any]:
         done = read_summary(run_dir)  # finished by another process between the look and the claim
         if done is not None:
             return {"status": "done", "summary": done, "ran": False}
-        summary = (task.trainer or train_run)(task.config.replace(output=str(run_dir)), init=task.init)
+        summary = task.trainer(task.config.replace(output=str(run_dir)), init=task.init)
         if not isinstance(summary, dict):
             raise ConfigError(f"the trainer returned {type(summary).__name__} for {run_dir}, not a summary dict")
         return {"status": "done", "summary": summary, "ran": True}
@@ -142,7 +158,7 @@ def _macs(cfg: Any) -> int:
     if cfg.model.startswith("timm:"):
         return _small()  # timm models are counted as big: one run at a time unless --workers says otherwise
     try:
-        from vitlab.experiments.sweep import model_cost
+        from vitlab.flops import model_cost
 
         return model_cost(cfg.model, dict(cfg.model_overrides or {}))[1]
     except Exception:  # noqa: BLE001 - an unknown size is treated as small

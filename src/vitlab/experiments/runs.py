@@ -18,9 +18,9 @@ from typing import Any
 
 from vitlab.errors import ConfigError
 from vitlab.experiments.budget import undertrained
+from vitlab.experiments.executors import SUMMARY, ExecutorConfig, RunTask, open_executor, read_summary, run_tasks
 from vitlab.experiments.table import diverged, summary_value
 
-SUMMARY = "summary.json"
 Trainer = Callable[..., dict]  # (RunConfig, init=weights path or None) -> the run's summary dict
 
 
@@ -73,18 +73,6 @@ class RunSpec:
     config: Any  # RunConfig; its ``output`` is set to the run's folder when it runs
     info: dict[str, Any] = field(default_factory=dict)
     init: str | None = None  # pretrained weights to start from (train's init_weights)
-
-
-def read_summary(run_dir: Path) -> dict | None:
-    """The ``summary.json`` of a finished run, or None when the run has not finished."""
-    path = run_dir / SUMMARY
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # torn or unreadable: the run is redone
-    return data if isinstance(data, dict) else None
 
 
 def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, bool]:
@@ -174,8 +162,6 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
     says where the runs train (a ``trainer`` given with worker processes must be importable by them); each calls
     :func:`vitlab.experiments.executors.train_task`. A run that failed on every attempt is kept in the table with
     a ``failed`` summary (no ``summary.json``: the next invocation tries it again)."""
-    from vitlab.experiments.executors import ExecutorConfig, RunTask, open_executor, run_tasks
-
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -219,7 +205,7 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
 
         pool, threads = open_executor(config, [s.config for s in pending], len(pending))
         tasks = [RunTask(s.name, s.config.replace(threads=threads) if threads else s.config, str(out_dir / s.name),
-                         s.init, trainer) for s in pending]
+                         trainer or train_run, s.init) for s in pending]  # looked up now: a patched one too
         summaries.update(run_tasks(tasks, pool, retries=config.retries, on_start=on_start, on_end=on_end))
     return [(spec, summaries[spec.name]) for spec in specs]
 
@@ -265,10 +251,28 @@ def track_study(out: Path, logger: str, pairs: Sequence[tuple[RunSpec, dict]], p
         tracker.close(status)
 
 
-def check_output(path: str | Path) -> Path:
-    """The study's output folder (created); a file in its place is an error."""
-    out = Path(path).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--output {out} is a file; pass a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+_REPORT = ("summary.json", "index.html")
+_TRACKED = ("tracking.json", "tensorboard", "wandb")  # what --logger writes beside the study's own files
+STUDY_FILES: dict[str, tuple[str, ...]] = {  # what each study writes at the top of its folder (names, * patterns)
+    "sweep": ("results.csv", "summary.csv", "sweep_*.png", *_REPORT, *_TRACKED),
+    "compare": ("results.csv", "summary.csv", "compare.png", *_REPORT, *_TRACKED),
+    "depth-study": ("results.csv", "summary.csv", "residual_ratios.csv", "collapse_layers.csv", "probes_*.csv",
+                    "accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similar_blocks.png",
+                    "probes_*.png", "similarity_depth*.png", *_REPORT, *_TRACKED),
+    "complexity": ("complexity.csv", "fits.csv", "complexity.png", *_REPORT),
+    "search": ("optuna.db", "trials.csv", "history.png", "curves.png", "importance.png", *_REPORT),
+}
+
+
+def check_output(path: str | Path, command: str, *, force: bool = False, claim: bool = True) -> Path:
+    """The folder of a ``command`` study (a key of :data:`STUDY_FILES`), by the rule of :mod:`vitlab.outputs`:
+    claimed (created, its marker written) when new, empty, the study's own (its marker, or the run folders an
+    older vitlab wrote there) or holding none of the study's files; refused in one line when it holds any of
+    them without the marker (unless ``force``) or is a run folder. ``claim=False`` only checks (writes nothing)."""
+    from vitlab import outputs
+
+    files = STUDY_FILES[command]
+    if claim:
+        return outputs.claim(path, command, files, force=force, study=True)
+    outputs.check(path, command, files, force=force, study=True)
+    return Path(path).expanduser()

@@ -143,6 +143,7 @@ class SearchConfig:
     prune_warmup: int = 0  # epochs of every trial that are never pruned
     command: str = "vitlab sweep --search optuna"
     storage: str | None = None  # an Optuna RDB URL several processes or machines share (None: <output>/optuna.db)
+    force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
     def validate(self) -> None:
         """Refuse impossible settings; a run config without a validation split gets :data:`VAL_SPLIT`."""
@@ -384,7 +385,9 @@ def run_search(config: SearchConfig, log: Any = print) -> dict[str, Any]:
     index.html. Returns what the report says (``trials`` rows, ``best``, ``text``, ``figures``)."""
     config.validate()
     import_optuna()
-    config.output.mkdir(parents=True, exist_ok=True)
+    from vitlab.experiments.runs import check_output
+
+    config.output = check_output(config.output, "search", force=config.force)
     study = open_study(config)
     for n in requeue_interrupted(study, shared=config.storage is not None):
         log(f"[trial {n}] was interrupted: marked failed, re-run with the same values")

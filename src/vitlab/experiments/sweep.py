@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab import flops
 from vitlab.errors import ConfigError
 from vitlab.experiments.budget import run_marks, undertrained_warning, warning_section
 from vitlab.experiments.runs import RunSpec
@@ -127,17 +128,6 @@ def sweep_specs(model: str, params: list[SweepParam], seeds: list[int], base: An
     return specs
 
 
-def model_cost(preset: str, overrides: dict[str, Any]) -> tuple[int, int]:
-    """``(parameters, MACs per image)`` of a vitlab preset with ``overrides``, built on the meta device."""
-    import torch
-
-    from vitlab.models import create_model
-
-    with torch.device("meta"):
-        model = create_model(preset, **overrides)
-    return sum(p.numel() for p in model.parameters()), model.flop_count()
-
-
 def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> list[dict[str, Any]]:
     """One row per run: the swept values, seed, accuracies (final test; with a validation split also the final
     and best validation accuracy), parameters, MACs/FLOPs and times."""
@@ -151,7 +141,7 @@ def result_rows(pairs: list[tuple[RunSpec, dict]], params: list[SweepParam]) -> 
         params_n, macs = summary_value(summary, "params"), summary_value(summary, "macs")
         if math.isnan(params_n) or math.isnan(macs):
             cfg = spec.config
-            params_n, macs = model_cost(cfg.model, cfg.model_overrides)
+            params_n, macs = flops.model_cost(cfg.model, cfg.model_overrides)
         row["params"] = int(params_n)
         row["macs"] = int(macs)
         row["flops"] = 2 * int(macs)
@@ -264,6 +254,7 @@ class SweepConfig:
     logger: str = "none"  # also track the study there (vitlab.train.tracking)
     finished_only: bool = False  # train nothing; tables from the runs already finished
     executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
+    force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
 
 def run_sweep(config: SweepConfig) -> dict[str, Any]:
@@ -278,7 +269,7 @@ def run_sweep(config: SweepConfig) -> dict[str, Any]:
         raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
     base = config.base
     specs = sweep_specs(config.model, config.params, list(range(config.seeds)), base, config.fixed)
-    out = check_output(config.output)
+    out = check_output(config.output, "sweep", force=config.force)
     pairs = run_all(specs, out, title="sweep", finished_only=config.finished_only, executor=config.executor)
     title = f"Sweep of {config.model} on {base.dataset}"
     meta = {"model": config.model, "dataset": base.dataset, "seeds": config.seeds, "fixed_overrides": config.fixed,

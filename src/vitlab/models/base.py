@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -79,16 +78,6 @@ class VitlabModel(nn.Module):
         with analysis_mode(self), record_residuals(self.modules()) as ratios:
             self.forward(x)
         return list(ratios)
-
-    def probe(self, x: Tensor, *, k: float | None = None, batch_size: int = 64) -> Any:
-        """Per-layer probes of every self-attention block on the model inputs ``x`` (a
-        :class:`vitlab.analysis.probes.Probes`): token similarity, effective rank and rank residual, token-norm
-        quantiles, high-norm artifact tokens (``k`` robust standard deviations above the median norm) and the
-        attention they receive, attention entropy per head and the max pre-softmax logit; in eval mode as
-        :meth:`attention_maps`, without gradients."""
-        from vitlab.analysis.probes import ARTIFACT_K, probe_model
-
-        return probe_model(self, x, k=ARTIFACT_K if k is None else k, batch_size=batch_size)
 
     def attention_layers(self) -> list[AttentionBase]:
         return [m for m in self.modules() if isinstance(m, AttentionBase)]

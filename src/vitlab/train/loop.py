@@ -26,10 +26,11 @@ from torch import nn
 from vitlab import perf, provenance
 from vitlab.checkpoint import CONFIG, WEIGHTS, read_weights, save_checkpoint, unwrap, weights_of
 from vitlab.data import DataSplit
-from vitlab.errors import NumericalError, WriteError
+from vitlab.errors import WriteError
 from vitlab.train.batches import RunData, epoch_order
 from vitlab.train.config import RunConfig
 from vitlab.train.distributed import DistContext, shard
+from vitlab.train.divergence import DIVERGENCE_FACTOR, LossDiverged, NonFiniteLoss
 from vitlab.train.evaluate import autocast, evaluate
 from vitlab.train.lock import RunLock
 from vitlab.train.logging import RunLogger
@@ -40,27 +41,6 @@ from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
 
 AUG_STREAM = 0xA06  # the stream of each step's seed its augmentation draws from
-
-# A run has diverged when the mean loss of a training step (over all processes) or of an epoch's evaluation exceeds
-# this many times ln(classes), the cross-entropy of a uniform guess: a ViT starts near it (its head is initialised
-# with std 0.02, so its first logits are near 0), training lowers it, and label smoothing or mixup keep it below it.
-# At 100 times (230 for 10 classes, 69 for 2) the model gives the true class a probability of e^-230 on average:
-# its weights are wrecked, not learning. A run that overfits ends a few times above it on held-out data, far below.
-DIVERGENCE_FACTOR = 100.0
-
-
-class NonFiniteLoss(NumericalError):
-    """The run diverged: the loss (or gradient norm) became NaN or infinite, or the loss grew past
-    :data:`DIVERGENCE_FACTOR` times a uniform guess's (then it is a :class:`LossDiverged`). ``summary``: the run's
-    numbers at that step (the test accuracy of its last finite weights, or of its kept checkpoint, ``diverged`` and
-    where), so a study can keep the divergence as a result; None when they could not be taken."""
-
-    summary: dict[str, Any] | None = None
-
-
-class LossDiverged(NonFiniteLoss):
-    """The loss stayed finite but grew past :data:`DIVERGENCE_FACTOR` times ln(classes)."""
-
 
 @dataclass
 class TrainResult:
@@ -189,9 +169,9 @@ class Loop:
                         status = "stopped"
                         return self._interrupted()
             summary = self.summary()
-            predictions = self._evaluate(self.test_data, predictions=True)["predictions"]  # on every process
             if logger is not None:
-                provenance.write_predictions(self.out_dir, self.test_data, predictions)
+                if self.test_predictions is not None:  # of the final test evaluation (none: nothing trained now)
+                    provenance.write_predictions(self.out_dir, self.test_data, self.test_predictions)
                 logger.write_summary(summary)
             status = "finished"
             return TrainResult(self.out_dir, summary)
@@ -284,10 +264,18 @@ class Loop:
         x = normalize(self.train_data.images[:n].to(self.device), self.mean, self.std)
         return probe_model(model, x, batch_size=min(n, self.cfg.eval_batch_size)).columns()
 
-    def _evaluate(self, split: DataSplit, predictions: bool = False) -> dict[str, Any]:
-        return evaluate(self.eval_model, split, mean=self.mean, std=self.std, batch_size=self.cfg.eval_batch_size,
-                        device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx, slices=self.slices,
-                        predictions=predictions)
+    test_predictions: torch.Tensor | None = None  # per test image, of the latest test evaluation
+
+    def _evaluate(self, split: DataSplit) -> dict[str, Any]:
+        """``evaluate`` on ``split``; a test evaluation also keeps each image's prediction, so the final one is
+        written without reading the test set again."""
+        on_test = split is self.test_data
+        out = evaluate(self.eval_model, split, mean=self.mean, std=self.std, batch_size=self.cfg.eval_batch_size,
+                       device=self.device, amp_dtype=self.amp_dtype, ctx=self.ctx, slices=self.slices,
+                       predictions=on_test)
+        if on_test:
+            self.test_predictions = out["predictions"]
+        return out
 
     def _tick(self) -> None:
         """Add the wall time since the last tick to the run's and the epoch's clocks."""

@@ -8,7 +8,8 @@ writes, or a marked folder without a checkpoint; a folder holding a checkpoint i
 a folder without the marker that holds a file a run would replace (``metrics.jsonl``, ``summary.json``,
 ``state.pt``...) is refused unless ``--force``. The output may not sit inside the data folder (an image folder
 would read it as a class), and a path the file system cannot hold (a name over 255 bytes, a file where a folder
-belongs) is refused in one line.
+belongs) is refused in one line. This is the run's case of the rule every command's output folder follows
+(:mod:`vitlab.outputs`: studies and reports carry a marker file of their own).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from vitlab.checkpoint import CONFIG, MANIFEST, STATE, WEIGHTS
 from vitlab.checkpoint.files import is_run_folder
 from vitlab.errors import ConfigError
+from vitlab.outputs import check_folder, refusal
 from vitlab.train.lock import LOCK
 from vitlab.train.logging import METRICS, SUMMARY
 from vitlab.train.tracking import STATE as TRACKING
@@ -30,15 +32,8 @@ _LOCK_TEXT = re.compile(rb"(\d+( [^\s]+)?\n?)?")
 
 def check_path(out: Path, data_dir: str | None) -> None:
     """Refuse an output path the file system cannot hold, or one inside ``data_dir``, in one line."""
-    for part in out.parts:
-        if len(os.fsencode(part)) > _name_max(out):
-            raise ConfigError(f"--output {str(out)[:60]}...: the name {part[:20]}... ({len(os.fsencode(part))} "
-                              f"bytes) is too long for the file system (at most {_name_max(out)}); pick a shorter "
-                              "--output")
+    check_folder(out)
     try:
-        for parent in [out, *out.parents]:
-            if parent.exists() and not parent.is_dir():
-                raise ConfigError(f"--output {out}: {parent} is a file, not a folder; pick another --output")
         if data_dir and out.resolve().is_relative_to(Path(data_dir).resolve()):
             raise ConfigError(f"--output {out} is inside --data-dir {data_dir}, where the run's files would be read "
                               "as data (an image folder takes a folder there for a class); pick an --output outside "
@@ -64,9 +59,7 @@ def check_new_run(out: Path, *, resume: str | Path | None, force: bool) -> None:
         return
     clash = [name for name in RUN_FILES if os.path.lexists(out / name)]
     if clash:
-        raise ConfigError(f"{out} is not a vitlab run folder (it has no vitlab {CONFIG}) but holds "
-                          f"{', '.join(clash)}, which this run would replace; pick another --output (a new or "
-                          "empty folder), or pass --force to replace them")
+        raise ConfigError(refusal(out, clash, f"is not a vitlab run folder (it has no vitlab {CONFIG})", "this run"))
 
 
 def stopped_run(out: Path) -> bool:
@@ -78,12 +71,3 @@ def stopped_run(out: Path) -> bool:
         return _LOCK_TEXT.fullmatch(lock.read_bytes()) is not None
     except OSError:
         return False
-
-
-def _name_max(out: Path) -> int:
-    for parent in [out, *out.parents]:
-        try:
-            return os.pathconf(parent, "PC_NAME_MAX")
-        except (OSError, ValueError, AttributeError):
-            continue
-    return 255
