@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -330,7 +331,9 @@ def load_train_state(path: str | Path, *, verify: bool = True) -> dict[str, Any]
         raise CheckpointError(f"{file.parent} has no {STATE} to resume from; it was saved without training "
                               "state (start a new run, or fine-tune from its weights)")
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's notes on the pickle protocol: the refusal below is the one line
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"{file} cannot be read safely ({msg}); it is damaged or not a vitlab state file, "

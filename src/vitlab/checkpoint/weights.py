@@ -7,6 +7,7 @@ write goes through :func:`vitlab.atomic.atomic_write`: a temporary file, fsynced
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -35,7 +36,9 @@ def read_safetensors(p: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
 def read_torch(p: Path) -> dict[str, Tensor]:
     """The state dict in a torch ``.pth`` file (also under a ``model`` / ``state_dict`` key), no code unpickled."""
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's notes on the pickle protocol: the refusal below is the one line
+            warnings.simplefilter("ignore", UserWarning)
+            obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle safely means a bad file
         raise CheckpointError(f"{p} cannot be read with weights_only=True ({first_line(exc)}); vitlab never "
                               f"unpickles code: re-save it as torch.save(model.state_dict(), ...) or safetensors"

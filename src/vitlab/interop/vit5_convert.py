@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,9 @@ def _torch_load(p: Path) -> Any:
     # the ViT-5 code's training checkpoints also hold its argparse.Namespace of arguments: allowed as plain data
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(p, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's notes on the pickle protocol: the refusal below is the one line
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle safely means a bad file
         raise CheckpointError(f"{p} cannot be read with weights_only=True ({first_line(exc)}); vitlab never "
                               f"unpickles code: re-save the weights as torch.save(model.state_dict(), ...) or "
