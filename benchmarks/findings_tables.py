@@ -35,6 +35,9 @@ resumes from the committed records.
 ``--by-width OUT SUMMARY=WIDTH [SUMMARY=WIDTH ...]`` joins the ``summary.csv`` of depth studies run at different
 embed_dim into one CSV (``OUT``, a column ``embed_dim``; the variants every study has, like for like) and draws
 attention similarity and accuracy against depth per variant and width beside it (``OUT`` with ``.png``).
+
+One script (about 430 lines): the page's table markers, their CSV readers and the joined tables they render
+are one tool, run as one command.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ folder) is waited for, never trained twice.
 A worker that dies (a killed process, a lost Ray node) or a run that raises costs only that run: it is tried again
 up to ``retries`` times, then reported as failed (a ``failed`` summary, no ``summary.json``, so the next
 invocation tries it again); a :class:`~vitlab.errors.ConfigError` or Ctrl-C stops the study.
+
+One file (about 400 lines) because the three executors share one contract, the task and the retry loop, and are
+read side by side.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ any saved step. SIGINT/SIGTERM save a resumable checkpoint and stop (exit 130/14
 goes non-finite (with ``skip_nonfinite`` the step is skipped instead) or grows past :data:`DIVERGENCE_FACTOR` times
 that of a uniform guess: it stops before the next save, so the last good checkpoint is kept, and its
 ``summary.json`` says ``diverged``.
+
+Its length (about 420 lines) is the loop read in one sitting, from the epoch to the step to the summary; the
+divergence rule lives in :mod:`vitlab.train.divergence`, the evaluation in :mod:`vitlab.train.evaluate`.
 """
 
 from __future__ import annotations
