@@ -264,15 +264,11 @@ STUDY_FILES: dict[str, tuple[str, ...]] = {  # what each study writes at the top
 }
 
 
-def check_output(path: str | Path, command: str, *, force: bool = False, claim: bool = True) -> Path:
+def check_output(path: str | Path, command: str, *, force: bool = False) -> Path:
     """The folder of a ``command`` study (a key of :data:`STUDY_FILES`), by the rule of :mod:`vitlab.outputs`:
     claimed (created, its marker written) when new, empty, the study's own (its marker, or the run folders an
     older vitlab wrote there) or holding none of the study's files; refused in one line when it holds any of
-    them without the marker (unless ``force``) or is a run folder. ``claim=False`` only checks (writes nothing)."""
+    them without the marker (unless ``force``) or is a run folder."""
     from vitlab import outputs
 
-    files = STUDY_FILES[command]
-    if claim:
-        return outputs.claim(path, command, files, force=force, study=True)
-    outputs.check(path, command, files, force=force, study=True)
-    return Path(path).expanduser()
+    return outputs.claim(path, command, STUDY_FILES[command], force=force, study=True)
