@@ -1,12 +1,14 @@
-"""Wall time of one small study run three ways, side by side: one run after another in one process
-(``--workers 1``), two local worker processes (``--executor local --workers 2``, one thread each), and a Ray
-instance on this machine (``--executor ray``, one CPU per run).
+"""Wall time of one small study run four ways, side by side: one run after another in one process on one thread
+(``--workers 1``) and on two (``--workers 1 --threads 2``, how a study ran before it had workers), two local worker
+processes (``--executor local --workers 2``, one thread each), and a Ray instance on this machine
+(``--executor ray``, one CPU per run).
 
     python benchmarks/study_throughput.py                # 8 runs of vit_mnist on mnist-5k, 3 epochs each
     python benchmarks/study_throughput.py --smoke        # 4 tiny runs, seconds: checks the script end to end
 
-Every way trains the same runs with one thread per run, so the tables are equal run by run (checked); only the
-wall time differs. Prints a Markdown table (wall time, runs per hour, ratio to sequential) with the CPU model.
+The one-thread ways train the same runs with one thread per run, so their tables are equal run by run (checked);
+only the wall time differs (two threads per run may round differently). Prints a Markdown table (wall time, runs
+per hour, ratio to sequential) with the CPU model.
 Run it on a quiet machine: other work on the cores changes every number.
 """
 
@@ -45,12 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depths", default="2,4", help="depths of the sweep (default 2,4)")
     p.add_argument("--seeds", type=int, default=4, help="training seeds per depth (default 4: 8 runs)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
-    p.add_argument("--ways", default="sequential,local2,ray", help="which ways to time (default all three)")
+    p.add_argument("--ways", default="sequential,sequential_2t,local2,ray", help="which ways to time (default all)")
     p.add_argument("--smoke", action="store_true", help="4 tiny runs of 1 epoch: the script end to end")
     args = p.parse_args(argv)
     if args.smoke:
         args.epochs = 1
-    ways = {"sequential": ["--workers", "1"], "local2": ["--executor", "local", "--workers", "2"],
+    ways = {"sequential": ["--workers", "1"], "sequential_2t": ["--workers", "1", "--threads", "2"],
+            "local2": ["--executor", "local", "--workers", "2"],
             "ray": ["--executor", "ray"]}
     chosen = [w.strip() for w in args.ways.split(",") if w.strip()]
     unknown = [w for w in chosen if w not in ways]
@@ -81,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    first = next(iter(tables.values()))
-    same = all(t == first for t in tables.values())
+    one_thread = [t for w, t in tables.items() if w != "sequential_2t"]
+    same = all(t == one_thread[0] for t in one_thread)
     base = dict((w, t) for w, t, _ in results).get("sequential")
     print(f"CPU: {cpu_model()}; runs: {results[0][2]}; epochs per run: {args.epochs}; same table run by run: {same}")
     print("| way | wall time (s) | runs per hour | ratio to sequential |")
