@@ -1,5 +1,6 @@
 """Registers against none in the depth study's probes (``effect``: with registers minus without): artifact
-tokens and the attention they and the registers receive, per depth, with Welch's interval (vitlab.analysis.stats) over the seeds.
+tokens and the attention they and the registers receive, per depth,
+with Welch's interval (vitlab.analysis.stats) over the seeds.
 
     python docs/results/registers/compare.py STUDY_REG0 STUDY_REG4 docs/results/registers
 """
