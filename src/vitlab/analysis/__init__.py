@@ -12,6 +12,7 @@ from vitlab.analysis.attention_maps import (
     class_token_attention,
     readout_attention,
     readout_label,
+    readout_register_attention,
     to_grid,
 )
 from vitlab.analysis.collapse import (
@@ -48,6 +49,7 @@ __all__ = [
     "attention_entropy", "attention_gradients", "class_attention_rollout", "class_token_attention", "collapse_groups",
     "cross_layer_similarity", "discard_lowest", "explain", "fuse_heads", "gated_blocks", "gradient_rollout",
     "is_probability_rows", "model_rollout", "patch_pos_embed", "pos_embed_similarity", "read_csv",
-    "readout_attention", "readout_label", "residual_ratios", "rollout", "similar_blocks", "similarity_grid",
+    "readout_attention", "readout_label", "readout_register_attention", "residual_ratios", "rollout",
+    "similar_blocks", "similarity_grid",
     "stack_ratios", "summarize_ratios", "to_grid", "versions", "write_csv", "write_json", "write_report",
 ]

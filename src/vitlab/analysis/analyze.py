@@ -6,9 +6,10 @@ Files (all in ``out_dir``): ``collapse_similarity.{png,csv}``, ``collapse_layers
 ``attention_rollout.png``, ``attention_maps.csv``, ``pos_embed_similarity.{png,csv}`` (models with an
 absolute position embedding), ``probes_layers.csv``, ``probes_heads.csv``, ``probes.png`` and
 ``artifact_tokens.png`` (the per-layer probes of :mod:`vitlab.analysis.probes`), ``summary.json`` and
-``index.html``. They are written into a hidden staging
-folder and moved into place at the end, so a failed run leaves nothing behind; the folder is claimed with the
-marker of :mod:`vitlab.outputs` (``.vitlab-output.json``), and a folder of a user's files of these names refused.
+``index.html``; with ``show_registers`` and a model with register tokens also ``attention_registers.{png,csv}``.
+They are written into a hidden staging folder and moved into place at the end, so a failed run leaves nothing
+behind; the folder is claimed with the marker of :mod:`vitlab.outputs` (``.vitlab-output.json``), and a folder
+of a user's files of these names refused.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 
 from vitlab import outputs
 from vitlab.analysis import plots
-from vitlab.analysis.attention_maps import TokenLayout, readout_attention, readout_label
+from vitlab.analysis.attention_maps import TokenLayout, readout_attention, readout_label, readout_register_attention
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
 from vitlab.analysis.probes import Probes, probe_model
@@ -40,7 +41,9 @@ from vitlab.models.eval_mode import analysis_mode
 OUTPUTS = ("collapse_similarity.png", "collapse_similarity.csv", "collapse_layers.csv", "collapse_similar_blocks.png",
            "residual_ratios.png", "residual_ratios.csv", "attention_heads.png", "attention_rollout.png",
            "attention_maps.csv", "pos_embed_similarity.png", "pos_embed_similarity.csv", "probes_layers.csv",
-           "probes_heads.csv", "probes.png", "artifact_tokens.png", "summary.json", "index.html")
+           "probes_heads.csv", "probes.png", "artifact_tokens.png", "attention_registers.png",
+           "attention_registers.csv", "summary.json", "index.html")
+NO_REGISTERS = "the model has no register tokens (reg_tokens=0): nothing extra drawn"
 
 
 @dataclass
@@ -57,6 +60,7 @@ class AnalysisResult:
     summary: dict
     files: list[str] = field(default_factory=list)
     probes: Probes | None = None
+    register_attention: dict | None = None  # with show_registers and registers: summary.json's "register_attention"
 
 
 def attention_layer_names(model: nn.Module, count: int) -> list[str]:
@@ -116,7 +120,7 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
                   std: tuple[float, ...] | None = None, threshold: float = 0.9, num_show: int = 6,
                   layer: int | None = None, batch_size: int = 32, command: str | list[str] | None = None,
                   title: str | None = None, method: str = "attention", head_fusion: str = "mean",
-                  discard_ratio: float = 0.0, target_class: int | None = None,
+                  discard_ratio: float = 0.0, target_class: int | None = None, show_registers: bool = False,
                   force: bool = False) -> AnalysisResult:
     """Run attention collapse, residual ratios, attention maps / rollout and the position-embedding figure.
 
@@ -126,7 +130,10 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
     patch tokens when it average-pools). ``layer`` picks the attention map drawn per head (default: the
     last map the head depends on; CaiT: the last class-attention layer, or with average pooling the last
     self-attention layer). ``method``, ``head_fusion``, ``discard_ratio`` and ``target_class`` choose the
-    rollout (see :mod:`vitlab.analysis.rollout`). The model runs in eval mode
+    rollout (see :mod:`vitlab.analysis.rollout`). ``show_registers`` draws the register tokens' share of the
+    row the maps read (hidden by default) and reports it per layer (``attention_registers.csv``, the
+    ``"register_attention"`` key of ``summary.json``); a model without registers gets the key's one-line note
+    and no figure. The model runs in eval mode
     (:func:`~vitlab.models.eval_mode.analysis_mode`) on its own device and is put back as it was.
     ``out_dir`` is taken by the rule of :mod:`vitlab.outputs`: new, empty, the marker of an earlier analysis, or
     holding none of :data:`OUTPUTS`; a folder holding any of them without the marker is refused unless ``force``
@@ -150,7 +157,7 @@ def analyze_model(model: nn.Module, images: Tensor, out_dir: str | Path, *, labe
             result = _run(model, x, images, stage, device=device, labels=labels, classes=classes,
                           threshold=threshold, num_show=min(num_show, len(x)), layer=layer, batch_size=batch_size,
                           command=command, title=title, method=method, head_fusion=head_fusion,
-                          discard_ratio=discard_ratio, target_class=target_class)
+                          discard_ratio=discard_ratio, target_class=target_class, show_registers=show_registers)
         outputs.claim(out_dir, "analyze", OUTPUTS, force=force)
         for name in OUTPUTS:  # outputs of an earlier run this one did not produce would be stale
             if name not in result.files:
@@ -185,11 +192,13 @@ def rollout_label(method: str, head_fusion: str, discard_ratio: float, target_cl
 def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: torch.device,
          labels: Tensor | None, classes: list[str] | None, threshold: float, num_show: int, layer: int | None,
          batch_size: int, command: str | list[str] | None, title: str | None, method: str, head_fusion: str,
-         discard_ratio: float, target_class: int | None) -> AnalysisResult:
+         discard_ratio: float, target_class: int | None, show_registers: bool = False) -> AnalysisResult:
     cfg = model.cfg
     layout = TokenLayout.of(model)
     meter = SimilarityMeter(threshold)
-    cls_attn, roll, mass, targets = [], [], [], []
+    cls_attn, roll, mass, targets, reg_shown = [], [], [], [], []
+    reg_sums: list[Tensor] = []  # per attention layer: (H, R) register attention summed over the images
+    draw_registers = show_registers and bool(layout.registers)
     names: list[str] = []
     ratio_parts = []
     label = ""
@@ -218,9 +227,14 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
         meter.update(maps)
         r = model_rollout(maps, layout, grads=grads, head_fusion=head_fusion, discard_ratio=discard_ratio)
         mass.append(r.patch_mass.cpu())
+        if draw_registers:
+            regs = [readout_register_attention(m, layout).sum(dim=0).cpu() for m in maps]
+            reg_sums = regs if not reg_sums else [a + b for a, b in zip(reg_sums, regs, strict=True)]
         if start < num_show:
             keep = num_show - start
             cls_attn.append(readout_attention(maps[layer][:keep], layout).cpu())
+            if draw_registers:
+                reg_shown.append(readout_register_attention(maps[layer][:keep], layout).cpu())
             roll.append(r.relevance[:keep].cpu())
     groups = meter.compute()
     cls_attention, relevance, patch_mass = torch.cat(cls_attn), torch.cat(roll), torch.cat(mass)
@@ -281,6 +295,25 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
     probes_figure(probe, stage / add("probes.png"), title=f"probes per block, mean over {len(x)} images")
     artifact_figure(display, probe, stage / add("artifact_tokens.png"), layout.grid_size, row_titles=shown)
 
+    # register tokens' share of the row the maps read (hidden unless asked for)
+    reg_info: dict | None = None
+    if draw_registers:
+        positions = layout.registers
+        reg_names = [f"register {j} (token {p})" for j, p in enumerate(positions)]
+        per_layer = [(s / len(x)) for s in reg_sums]  # (H, R) mean over the images
+        reg_info = {"tokens": positions, "row": label,
+                    "layers": [{"layer": i, "name": names[i], "share": float(m.sum(dim=1).mean()),
+                                "per_register": m.mean(dim=0).tolist(), "per_head": m.sum(dim=1).tolist()}
+                               for i, m in enumerate(per_layer)]}
+        write_csv(stage / add("attention_registers.csv"),
+                  [{"layer": d["layer"], "name": d["name"], "register_share": d["share"],
+                    **{f"register{j}": v for j, v in enumerate(d["per_register"])}} for d in reg_info["layers"]])
+        shown_regs = torch.cat(reg_shown).mean(dim=1)  # (S, R), mean over heads
+        plots.register_figure(display, cls_attention.mean(dim=1), cls_attention.sum(dim=(-2, -1)).mean(dim=1),
+                              shown_regs, reg_names, [d["share"] for d in reg_info["layers"]], names,
+                              stage / add("attention_registers.png"), row_titles=shown,
+                              title=f"{names[layer_index]}: {label}; the share on the patches and on each register")
+
     # position embedding
     pos_sim, pos_note = None, ""
     try:
@@ -314,20 +347,22 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
         "rollout_patch_mass": float(patch_mass.mean()),
         "probes": {"artifact_k": probe.k, "layers": probe.rows()},
         "pos_embed": "drawn" if pos_sim is not None else pos_note,
+        **({"register_attention": reg_info if reg_info is not None else NO_REGISTERS} if show_registers else {}),
         "versions": versions(),
     }
     write_json(stage / add("summary.json"), summary)
     cmd = command if command is not None else f"vitlab.analysis.analyze_model({cfg.name or cfg.arch}, {len(x)} images)"
     write_report(stage, title or f"Analysis of {cfg.name or cfg.arch}", cmd,
                  _sections(groups, ratios, pos_sim is not None, pos_note, len(x), threshold, names[layer_index],
-                           float(patch_mass.mean()), label, roll_label, probe))
+                           float(patch_mass.mean()), label, roll_label, probe, reg_info))
     files.append("index.html")
-    return AnalysisResult(stage, groups, ratios, cls_attention, relevance, target, pos_sim, summary, files, probe)
+    return AnalysisResult(stage, groups, ratios, cls_attention, relevance, target, pos_sim, summary, files, probe,
+                          reg_info)
 
 
 def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bool, pos_note: str, n: int,
               threshold: float, layer_name: str, patch_mass: float, label: str, roll_label: str,
-              probe: Probes) -> list[Section]:
+              probe: Probes, reg_info: dict | None = None) -> list[Section]:
     collapse = ", ".join(f"{g.name}: mean similarity {g.mean_off_diagonal():.3f}, "
                          f"{int((g.similar > 0).sum())} of {len(g.layers)} layers with a similar block"
                          for g in groups)
@@ -363,6 +398,14 @@ def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bo
         f"Last block: similarity {last['token_similarity']:.3f}, effective rank {last['effective_rank']:.2f}, "
         f"{last['artifact_count']:.2f} artifact tokens per image, max logit {last['max_logit']:.3g}.",
         ["probes.png", "artifact_tokens.png"], ["probes_layers.csv"]))
+    if reg_info is not None:
+        shares = ", ".join(f"{d['share']:.3f}" for d in reg_info["layers"])
+        secs.append(Section(
+            "Register tokens",
+            f"The share of the row the maps read ({reg_info['row']}) that lies on the register tokens (tokens "
+            f"{reg_info['tokens']}), hidden in the maps above: per drawn image beside its mean-of-heads map, and "
+            f"per attention layer, mean over heads and {n} images: {shares}.",
+            ["attention_registers.png"], ["attention_registers.csv"]))
     if has_pos:
         secs.append(Section("Position embedding",
                             "Cosine similarity of each patch's position embedding with every other patch's: tile "

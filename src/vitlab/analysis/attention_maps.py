@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
@@ -48,6 +49,13 @@ class TokenLayout:
     @property
     def patches(self) -> slice:
         return slice(self.num_front, self.num_front + self.num_patches)
+
+    @property
+    def registers(self) -> list[int]:
+        """Positions of the register tokens: after the class token in front (timm), after the patches at the
+        end (ViT-5)."""
+        end = self.num_front + self.num_patches
+        return list(range(int(self.class_token), self.num_front)) + list(range(end, end + self.num_end))
 
     @property
     def reads_class_token(self) -> bool:
@@ -99,6 +107,21 @@ def readout_attention(attn: Tensor, layout: TokenLayout) -> Tensor:
     else:
         row = attn[:, :, keys.patches, keys.patches].mean(dim=2)  # (B, H, N_q, N) -> (B, H, N)
     return to_grid(row.detach().float(), layout.grid_size)
+
+
+def readout_register_attention(attn: Tensor, layout: TokenLayout) -> Tensor:
+    """Per-head attention on each register token of one map ``(B, H, T_q, T_k)`` -> ``(B, H, R)``, read off the
+    same row as :func:`readout_attention` (the class token's row, or the mean over the patch queries); ``R``
+    is 0 when the map's keys hold no registers (CaiT, a model without them)."""
+    if attn.dim() != 4:
+        raise ConfigError(f"an attention map must be (B, heads, T_q, T_k), got shape {tuple(attn.shape)}")
+    keys = layout.for_map(attn)
+    regs = torch.tensor(keys.registers, dtype=torch.long, device=attn.device)
+    if reads_query_row(attn, layout):
+        rows = attn[:, :, 0].index_select(-1, regs)  # (B, H, R)
+    else:
+        rows = attn[:, :, keys.patches].index_select(-1, regs).mean(dim=2)  # (B, H, N_q, R) -> (B, H, R)
+    return rows.detach().float()
 
 
 class_token_attention = readout_attention  # the name before pooled models were read by their patches

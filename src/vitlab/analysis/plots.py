@@ -217,3 +217,40 @@ def pos_embed_figure(grid: Tensor, path: str | Path, *, title: str = "") -> Path
     for s in ax.spines.values():
         s.set_visible(False)
     return save(fig, path)
+
+
+def register_figure(images: np.ndarray, heats: Tensor, patch_share: Tensor, reg_share: Tensor, reg_names: Sequence[str],
+                    layer_share: Sequence[float], layer_names: Sequence[str], path: str | Path, *,
+                    row_titles: Sequence[str] | None = None, title: str = "") -> Path:
+    """The registers' attention beside the patch map: per shown image, the overlay of ``heats`` ``(B, g, g)`` and
+    a bar of the row's share on the patches ``(B,)`` and on each register ``reg_share`` ``(B, R)``; below, the
+    registers' total share per layer ``layer_share`` (mean over images and heads)."""
+    B, R = reg_share.shape
+    fig = new_figure(6.0, 1.1 * B + 2.0)
+    grid = fig.add_gridspec(B + 1, 2, width_ratios=[1, 2.2], height_ratios=[1.0] * B + [1.6])
+    names = ["patches", *reg_names]
+    for b in range(B):
+        ax = fig.add_subplot(grid[b, 0])
+        ax.imshow(blend(images[b], heats[b]), interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_ylabel(row_titles[b] if row_titles is not None else str(b), fontsize=7)
+        bars = fig.add_subplot(grid[b, 1])
+        values = [float(patch_share[b]), *(float(v) for v in reg_share[b])]
+        bars.barh(range(R + 1), values, color=["#1f77b4"] + ["#2ca02c"] * R)
+        bars.set_yticks(range(R + 1), names, fontsize=6)
+        bars.invert_yaxis()
+        bars.set_xlim(0, 1)
+        bars.tick_params(labelsize=6)
+        if b == B - 1:
+            bars.set_xlabel("share of the row", fontsize=7)
+    ax = fig.add_subplot(grid[B, :])
+    ax.plot(range(len(layer_share)), list(layer_share), marker="o", color="#2ca02c")
+    ax.set_xticks(range(len(layer_names)), [str(i) for i in range(len(layer_names))], fontsize=6)
+    ax.set_xlabel("attention layer", fontsize=7)
+    ax.set_ylabel("registers' share", fontsize=7)
+    ax.set_ylim(0, 1.2 * max(layer_share, default=0.0) + 1e-6)
+    ax.tick_params(labelsize=6)
+    if title:
+        fig.suptitle("\n".join(textwrap.wrap(title, width=80)), fontsize=8)
+    return save(fig, path)

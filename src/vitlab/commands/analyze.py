@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
                         "kept (default 0; vit-explain uses 0.9)")
     p.add_argument("--target-class", type=int, default=None, metavar="C",
                    help="class whose logit gradient rollout explains (default: each image's predicted class)")
+    p.add_argument("--show-registers", action="store_true",
+                   help="draw the register tokens' share of the row the maps read beside each map and report it per "
+                        "layer (attention_registers.png/.csv, summary.json); hidden by default")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", metavar="DEV",
                    help="cpu, cuda, cuda:1, ... (default: cuda when available)")
@@ -96,6 +99,8 @@ def command_line(args: argparse.Namespace, dataset: str, data_dir: str | None) -
     cmd += ["--rollout", args.rollout, "--head-fusion", args.head_fusion, "--discard-ratio", f"{args.discard_ratio:g}"]
     if args.target_class is not None:
         cmd += ["--target-class", str(args.target_class)]
+    if getattr(args, "show_registers", False):
+        cmd += ["--show-registers"]
     return cmd
 
 
@@ -104,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vitlab import outputs
     from vitlab.analysis import analyze_model
-    from vitlab.analysis.analyze import OUTPUTS
+    from vitlab.analysis.analyze import NO_REGISTERS, OUTPUTS
     from vitlab.data import load_dataset, normalization
     from vitlab.errors import ConfigError
 
@@ -130,10 +135,14 @@ def run(args: argparse.Namespace) -> int:
                            layer=args.layer, batch_size=args.batch_size, command=command_line(args, dataset, data_dir),
                            title=f"Analysis of {cfg.name or cfg.arch} ({checkpoint.name}) on {dataset}",
                            method=args.rollout, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-                           target_class=args.target_class, force=args.force)
+                           target_class=args.target_class, show_registers=args.show_registers, force=args.force)
     for g in result.groups:
         print(f"{g.name}: mean cross-layer similarity {g.mean_off_diagonal():.3f}, similar blocks per layer "
               f"{g.similar.tolist()}")
     print(f"maps: {result.summary['attention_readout']}; rollout: {result.summary['rollout']['label']}")
+    if args.show_registers:
+        reg = result.register_attention
+        shares = ", ".join(f"{d['share']:.3f}" for d in reg["layers"]) if reg else ""
+        print(f"registers' share per layer: {shares}" if reg else NO_REGISTERS)
     print(f"wrote {len(result.files)} files to {result.out_dir} (open {result.out_dir / 'index.html'})")
     return 0
