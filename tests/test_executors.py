@@ -78,12 +78,17 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("the ray command is not installed")
     port = free_port()
     temp = Path("/tmp") / f"vt-ray-{os.getpid()}"  # Ray's socket paths must stay short
+    # a home of its own for the cluster and this driver: a ~/.ray/auth_token left by the user's own Ray (a local
+    # ray.init writes one) would make the two disagree on authentication
+    home = tmp_path_factory.mktemp("ray-home")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(home)}
     proc = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus", "2", "--num-gpus", "0",
                              "--node-ip-address", "127.0.0.1", "--port", str(port), "--include-dashboard", "false",
                              "--disable-usage-stats", "--temp-dir", str(temp)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
     address = f"127.0.0.1:{port}"
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HOME", str(home))
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -98,6 +103,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
         import ray
 
         ray.shutdown()
+        patch.undo()
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(10)
