@@ -73,3 +73,17 @@ def perturb(model: nn.Module, scale: float = 0.2) -> nn.Module:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * scale)
     return model
+
+
+def cli_error(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
+    """Run the CLI in process; assert exit 2, exactly one stderr line, no traceback; return the message after the
+    ``vitlab CMD: error:`` prefix."""
+    from vitlab.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
+    prefix = f"vitlab {argv[0]}: error: "
+    assert err.startswith(prefix), err
+    return err[len(prefix):-1]

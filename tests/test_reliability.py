@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import vitlab
-from _helpers import option_args, run_args, run_config
+from _helpers import cli_error, option_args, run_args, run_config
 from vitlab import atomic as atomic_module
 from vitlab.checkpoint import load_model, load_train_state, read_config, save_checkpoint
 from vitlab.cli import main
@@ -42,16 +42,6 @@ TINY = run_args(model="vit_mnist", depth=1, embed_dim=16, num_heads=2, **SMALL, 
 RUN = option_args(**SMALL, progress=False)  # the run options without the model flags
 TINY_CFG = run_config(depth=1, embed_dim=16, num_heads=2, **SMALL)
 
-
-def cli_error(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
-    """Run the CLI in process; assert exit 2 and exactly one stderr line; return the message after the prefix."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
-    prefix = f"vitlab {argv[0]}: error: "
-    assert err.startswith(prefix), err
-    return err[len(prefix):-1]
 
 
 def api_error(kind: type[VitlabError], fn, *args, **kwargs) -> str:

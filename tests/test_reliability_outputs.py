@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import option_args
+from _helpers import cli_error, option_args
 from vitlab.cli import main
 from vitlab.experiments import runs
 from vitlab.outputs import FORMAT, MARKER, marked_by
@@ -27,16 +27,6 @@ def hashes(root: Path) -> dict[str, str]:
     return {str(f): hashlib.sha256(f.read_bytes()).hexdigest()
             for f in sorted(root.rglob("*")) if f.is_file() and not f.is_symlink()}
 
-
-def cli_error(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
-    """Run the CLI in process; assert exit 2, exactly one stderr line, no traceback; return the message."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
-    prefix = f"vitlab {argv[0]}: error: "
-    assert err.startswith(prefix), err
-    return err[len(prefix):-1]
 
 
 def user_folder(folder: Path, *names: str) -> Path:

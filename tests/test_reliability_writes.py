@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import run_args, run_config
+from _helpers import cli_error, run_args, run_config
 from vitlab.cli import main
 from vitlab.errors import ConfigError, WriteError
 from vitlab.train.config import RunConfig, settle
@@ -38,16 +38,6 @@ def hashes(*paths: Path) -> dict[str, str]:
             out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
 
-
-def cli_error(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
-    """Run the CLI in process; assert exit 2, exactly one stderr line, no traceback; return the message."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
-    prefix = f"vitlab {argv[0]}: error: "
-    assert err.startswith(prefix), err
-    return err[len(prefix):-1]
 
 
 def victim(folder: Path) -> Path:

@@ -22,15 +22,7 @@ from vitlab.errors import ConfigError
 def rope_2d_angles(grid_h: int, grid_w: int, head_dim: int, theta: float = 10000.0) -> Tensor:
     """Angles ``(grid_h * grid_w, head_dim // 2)`` in row-major order: the first quarter of the head
     channels rotate with the column index, the second quarter with the row index."""
-    if head_dim % 4:
-        raise ConfigError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}; "
-                          f"change embed_dim or num_heads, or set rope=False")
-    quarter = head_dim // 4
-    freqs = 1.0 / theta ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # (d/4,)
-    ys, xs = torch.meshgrid(torch.arange(grid_h, dtype=torch.float64),
-                            torch.arange(grid_w, dtype=torch.float64), indexing="ij")
-    ax = xs.flatten()[:, None] * freqs  # (N, d/4)
-    ay = ys.flatten()[:, None] * freqs
+    ay, ax = _axis_angles(grid_h, grid_w, head_dim, theta)
     return torch.cat([ax, ay], dim=1)
 
 
@@ -38,6 +30,12 @@ def vit5_angles(grid_h: int, grid_w: int, head_dim: int, theta: float = 10000.0)
     """Angles ``(grid_h * grid_w, head_dim // 2)`` of the ViT-5 code, one per adjacent channel pair in row-major
     patch order: pairs ``0 .. d/4 - 1`` turn with the row index, pairs ``d/4 .. d/2 - 1`` with the column index,
     both at frequencies ``theta^(-k / (d/4))``."""
+    return torch.cat(_axis_angles(grid_h, grid_w, head_dim, theta), dim=1)
+
+
+def _axis_angles(grid_h: int, grid_w: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """``(row angles, column angles)``, each ``(grid_h * grid_w, head_dim // 4)`` in row-major patch order at
+    frequencies ``theta^(-k / (d/4))``: the two layouts above differ only in which axis comes first."""
     if head_dim % 4:
         raise ConfigError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}; "
                           f"change embed_dim or num_heads, or set rope=False")
@@ -45,7 +43,7 @@ def vit5_angles(grid_h: int, grid_w: int, head_dim: int, theta: float = 10000.0)
     freqs = 1.0 / theta ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # (d/4,)
     ys, xs = torch.meshgrid(torch.arange(grid_h, dtype=torch.float64),
                             torch.arange(grid_w, dtype=torch.float64), indexing="ij")
-    return torch.cat([ys.flatten()[:, None] * freqs, xs.flatten()[:, None] * freqs], dim=1)
+    return ys.flatten()[:, None] * freqs, xs.flatten()[:, None] * freqs  # (N, d/4) each
 
 
 def rope_table(angles: Tensor, layout: str = "halves") -> Tensor:
