@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.commands.options import base_run_config, command_line, executor_config
     from vitlab.errors import ConfigError
     from vitlab.experiments.depth_study import parse_variants, variant_notes
-    from vitlab.experiments.lr_sensitivity import LRSensitivityConfig, run_lr_sensitivity
+    from vitlab.experiments.lr_sensitivity import LRSensitivityConfig, check_lr_sensitivity, run_lr_sensitivity
     from vitlab.experiments.values import parse_ints, split_list
     from vitlab.train.options import parse_set
 
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
                                  base_run_config(args, dataset=args.dataset), args.output, args.seeds,
                                  parse_set(args.set), command_line(args), finished_only=args.finished_only,
                                  executor=executor_config(args), probe_images=args.probe_images, force=args.force)
+    check_lr_sensitivity(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)
     result = run_lr_sensitivity(config)

@@ -175,6 +175,8 @@ def check_lr_sensitivity(config: LRSensitivityConfig) -> None:
         raise ConfigError(f"--lrs must be positive numbers, got {bad}")
     if len(set(config.lrs)) != len(config.lrs):
         raise ConfigError(f"--lrs repeats a value: {config.lrs}; give each learning rate once")
+    for lr in config.lrs:
+        config.run.replace(lr=lr).validate()  # an impossible rate is refused before any run trains
     if not config.probe_images:
         raise ConfigError("--probe-images 0 would record no attention logit over training; pass --probe-images N "
                           "(e.g. 64)")
