@@ -10,8 +10,13 @@ p-value, the runs per arm and the minimal detectable effect at 80 % power of tha
 - an "as good as" claim is *reproduced* only when TOST shows equivalence within the margin stated in
   :data:`CLAIMS`, *contradicted* when the 95 % interval lies wholly outside the margin, *undecided* otherwise.
 
-The recorded runs have no per-image predictions (they predate them), so every row uses Welch's t over the runs
-(column ``test``). ``runs_to_decide`` is the number of runs per arm at which the MDE, at the spread measured, would
+The runs recorded before per-image predictions existed are compared by Welch's t over the runs (column ``test``);
+arms whose runs all stored ``test_predictions.json`` and share at least two seeds (the learning-rate sensitivity
+study, section 7) by the paired bootstrap over (seed, image) pairs with McNemar's p. An arm written
+``STUDY/PREFIX@best`` is the learning rate whose runs have the lowest mean final validation loss (never chosen
+on the test set); the ``lr_sens`` measure is the LR sensitivity of Wortsman et al. (2023) of each seed over the
+whole grid. Arms with one run so far get their effect and *undecided*, no interval.
+``runs_to_decide`` is the number of runs per arm at which the MDE, at the spread measured, would
 reach the observed effect (for equivalence: half the margin), from the noncentral-t power of
 :func:`vitlab.analysis.stats.mde_welch`; ``> 50`` when even 50 would not (an effect near zero needs an
 equivalence margin instead).
@@ -51,7 +56,7 @@ class Claim:
     claim: str
     a: str  # STUDY/RUN-PREFIX of the arm the paper says is larger
     b: str
-    measure: str = "acc"  # acc | cv_attn | cv_mlp (b - a: lower is the claim) | similarity (a against 0.9)
+    measure: str = "acc"  # acc | cv_attn | cv_mlp | lr_sens (b - a: lower is the claim) | similarity (a vs 0.9)
     margin: float = 0.0  # > 0: an "as good as" claim, TOST within this margin
 
     @property
@@ -126,17 +131,80 @@ CLAIMS = (
           "depth_dim128/deepvit_depth24", "depth_dim128/vit_depth24"),
     Claim("deepvit-24-12-w128", "5.4", "DeepViT gains from depth: 24 beats 12 blocks (width 128)",
           "depth_dim128/deepvit_depth24", "depth_dim128/deepvit_depth12"),
+    # Section 7, the learning-rate sensitivity study (3-epoch proxy runs): each arm at its own best learning rate,
+    # chosen on the validation loss (ARM@best), or the LR sensitivity of each seed over the whole grid (lr_sens)
+    Claim("ls-vit-48-lr", "7", "LayerScale beats the plain ViT at 48 blocks, each at its best learning rate",
+          "lr_sensitivity/layerscale_depth48@best", "lr_sensitivity/vit_depth48@best"),
+    Claim("cait-vit-48-lr", "7", "CaiT beats the plain ViT at 48 blocks, each at its best learning rate",
+          "lr_sensitivity/cait_depth48@best", "lr_sensitivity/vit_depth48@best"),
+    Claim("deepvit-vit-48-lr", "7", "DeepViT beats the plain ViT at 48 blocks, each at its best learning rate",
+          "lr_sensitivity/deepvit_depth48@best", "lr_sensitivity/vit_depth48@best"),
+    Claim("tfixup-vit-12-lr", "7", "T-Fixup trains 12 blocks without normalisation as well as the pre-norm ViT, each "
+          "at its best learning rate (margin 1 point)", "lr_sensitivity/tfixup_depth12@best",
+          "lr_sensitivity/vit_depth12@best", margin=1.0),
+    Claim("fixup-vit-24-lr", "7", "Fixup trains 24 blocks without normalisation as well as the pre-norm ViT, each at "
+          "its best learning rate (margin 1 point)", "lr_sensitivity/fixup_depth24@best",
+          "lr_sensitivity/vit_depth24@best", margin=1.0),
+    Claim("ls-sens-48", "7", "LayerScale widens the range of learning rates at 48 blocks: lower LR sensitivity than "
+          "the plain ViT", "lr_sensitivity/layerscale_depth48", "lr_sensitivity/vit_depth48", measure="lr_sens"),
+    Claim("cait-sens-48", "7", "CaiT widens the range of learning rates at 48 blocks: lower LR sensitivity than the "
+          "plain ViT", "lr_sensitivity/cait_depth48", "lr_sensitivity/vit_depth48", measure="lr_sens"),
+    Claim("vit-sens-depth", "7", "the plain ViT's LR sensitivity grows with depth: lower at 6 blocks than at 48",
+          "lr_sensitivity/vit_depth6", "lr_sensitivity/vit_depth48", measure="lr_sens"),
 )
 
 
 def run_dirs(arm: str, runs: Path = RUNS) -> list[Path]:
-    """The run folders of ``STUDY/PREFIX`` (``PREFIX_seed=N`` or ``PREFIX_seedN``)."""
+    """The run folders of ``STUDY/PREFIX`` (``PREFIX_seed=N`` or ``PREFIX_seedN``); ``STUDY/PREFIX@best``: those of
+    the learning rate whose runs have the lowest mean final validation loss (:func:`best_lr`)."""
+    if arm.endswith("@best"):
+        study, prefix = arm[: -len("@best")].split("/", 1)
+        return run_dirs(f"{study}/{prefix}_lr{best_lr(runs / study, prefix):g}", runs)
     study, prefix = arm.split("/", 1)
     pattern = re.compile(rf"{re.escape(prefix)}_seed=?\d+")
     found = sorted(p for p in (runs / study).iterdir() if pattern.fullmatch(p.name) and (p / "summary.json").is_file())
     if not found:
         raise FileNotFoundError(f"no finished run {prefix}_seed* under {runs / study}")
     return found
+
+
+def _lr_runs(study: Path, prefix: str) -> dict[float, dict[int, float]]:
+    """``{lr: {seed: capped final validation loss}}`` of the runs ``PREFIX_lrLR_seedN`` of a learning-rate
+    sensitivity study (a diverged run, or one above a uniform guess's loss, counts as that loss)."""
+    from vitlab.experiments.lr_sensitivity import capped_loss
+
+    pattern = re.compile(rf"{re.escape(prefix)}_lr([0-9.e+-]+)_seed(\d+)")
+    out: dict[float, dict[int, float]] = {}
+    for run in sorted(study.iterdir()):
+        m = pattern.fullmatch(run.name)
+        if not m or not (run / "summary.json").is_file():
+            continue
+        summary = json.loads((run / "summary.json").read_text())
+        classes = json.loads((run / "config.json").read_text())["model"]["num_classes"]
+        row = {"val_loss": summary.get("final_val_loss", math.nan), "diverged": summary.get("diverged") is True}
+        out.setdefault(float(m.group(1)), {})[int(m.group(2))] = capped_loss(row, math.log(classes))
+    if not out:
+        raise FileNotFoundError(f"no finished run {prefix}_lr*_seed* under {study}")
+    return out
+
+
+def best_lr(study: Path, prefix: str) -> float:
+    """The learning rate of ``PREFIX`` whose runs have the lowest mean final validation loss (never the test set)."""
+    losses = _lr_runs(study, prefix)
+    return min(losses, key=lambda lr: (statistics.fmean(losses[lr].values()), lr))
+
+
+def lr_sensitivities(arm: str, runs: Path = RUNS) -> list[float]:
+    """Per seed that finished every learning rate of ``STUDY/PREFIX``: the LR sensitivity of Wortsman et al. (2023)
+    over the grid, mean of ``loss(lr) - min loss`` (capped losses)."""
+    study, prefix = arm.split("/", 1)
+    losses = _lr_runs(runs / study, prefix)
+    seeds = set.intersection(*(set(v) for v in losses.values()))
+    out = []
+    for seed in sorted(seeds):
+        curve = [losses[lr][seed] for lr in sorted(losses)]
+        out.append(statistics.fmean(curve) - min(curve))
+    return out
 
 
 def _cv(values: list[float]) -> float:
@@ -165,22 +233,35 @@ def _runs_to_decide(target: float, sd: float) -> str:
 
 def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
     """The verdict row of ``claim`` from the run records under ``runs``."""
-    a = [measure(r, claim.measure) for r in run_dirs(claim.a, runs)]
-    unit = "points" if claim.measure == "acc" else ("CV" if claim.measure.startswith("cv") else "cosine")
+    values = (lambda arm: lr_sensitivities(arm, runs)) if claim.measure == "lr_sens" else (
+        lambda arm: [measure(r, claim.measure) for r in run_dirs(arm, runs)])
+    unit = {"acc": "points", "similarity": "cosine", "lr_sens": "nats"}.get(claim.measure, "CV")
+    lower = claim.measure.startswith("cv") or claim.measure == "lr_sens"
+    try:
+        a = values(claim.a)
+        b = values(claim.b) if claim.measure != "similarity" else []
+    except FileNotFoundError:  # a study still running: the claim is on the page, its runs are not yet
+        if claim.section != "7":
+            raise
+        return _one_run_row(claim, unit, [], [], lower)
     if claim.measure == "similarity":
         c = stats.one_sample(a, 0.9)
         sd, seeds, mde = statistics.stdev(a), str(len(a)), math.nan
         v = stats.verdict(c.ci_low, c.ci_high)
         comparison, decide = f"{claim.a} - 0.9", ""
     else:
-        b = [measure(r, claim.measure) for r in run_dirs(claim.b, runs)]
-        if claim.measure.startswith("cv"):  # lower CV is the claim: positive effect = b - a
+        if lower:  # a lower CV or sensitivity is the claim: positive effect = b - a
             a, b = b, a
+        if min(len(a), len(b)) < 2:  # one run per arm: an effect, no interval yet
+            return _one_run_row(claim, unit, a, b, lower)
+        pairs = paired_predictions(claim, runs) if claim.measure == "acc" else None
+        if pairs is not None:
+            return _paired_row(claim, *pairs)
         c = stats.welch(a, b)
         sd = stats.pooled_sd(a, b)
         seeds = f"{len(a)}/{len(b)}"
         mde = stats.mde_welch(len(a), len(b), sd)
-        comparison = f"{claim.b} - {claim.a}" if claim.measure.startswith("cv") else f"{claim.a} - {claim.b}"
+        comparison = f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}"
         if claim.margin:
             v = stats.equivalence_verdict(stats.tost(a, b, claim.margin), c.ci_low, c.ci_high)
             target = claim.margin / 2
@@ -194,6 +275,68 @@ def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
             "ci_high": f"{c.ci_high:.4g}", "p": f"{c.p:.3g}", "test": test, "seeds": seeds,
             "mde": f"{mde:.3g}", "margin": f"{claim.margin:g}" if claim.margin else "", "verdict": v,
             "runs_to_decide": decide}
+
+
+def paired_predictions(claim: Claim, runs: Path = RUNS) -> tuple[list[bool], list[bool], int] | None:
+    """Per-image correctness of both arms over the seeds they share, in the same (seed, image) order, when every
+    run of both stored its test predictions (``test_predictions.json``); else None (the older records)."""
+    arms = []
+    for arm in (claim.a, claim.b):
+        by_seed = {}
+        for run in run_dirs(arm, runs):
+            path = run / "test_predictions.json"
+            if not path.is_file():
+                return None
+            record = json.loads(path.read_text())
+            by_seed[int(re.search(r"_seed=?(\d+)$", run.name).group(1))] = [
+                p == t for p, t in zip(record["predictions"], record["labels"])]
+        arms.append(by_seed)
+    seeds = sorted(set(arms[0]) & set(arms[1]))
+    if len(seeds) < 2:
+        return None
+    return [c for s in seeds for c in arms[0][s]], [c for s in seeds for c in arms[1][s]], len(seeds)
+
+
+def _paired_row(claim: Claim, correct_a: list[bool], correct_b: list[bool], seeds: int) -> dict[str, str]:
+    """The row of an accuracy claim whose arms share seeds and test images: the paired bootstrap interval over the
+    (seed, image) pairs and McNemar's p (:func:`vitlab.analysis.stats.paired`), in points; an "as good as" claim is
+    equivalent when the 90 % paired interval lies inside the margin (the paired form of TOST)."""
+    c = stats.paired(correct_a, correct_b)
+    diff = [100 * (float(x) - float(y)) for x, y in zip(correct_a, correct_b)]
+    mde = stats.mde_paired(statistics.pstdev(diff), len(diff)) if any(diff) else 0.0
+    test = "paired bootstrap + McNemar over (seed, image) pairs"
+    if claim.margin:
+        c90 = stats.paired(correct_a, correct_b, confidence=0.90)
+        eq = stats.Equivalence(100 * c90.effect, 100 * c90.ci_low, 100 * c90.ci_high, math.nan, claim.margin,
+                               -claim.margin < 100 * c90.ci_low and 100 * c90.ci_high < claim.margin)
+        v = stats.equivalence_verdict(eq, 100 * c.ci_low, 100 * c.ci_high)
+        test += f" + paired TOST (90 % interval within {claim.margin:g})"
+        target = claim.margin / 2
+    else:
+        v = stats.verdict(c.ci_low, c.ci_high)
+        target = abs(100 * c.effect)
+    decide = ""
+    if v == stats.UNDECIDED:  # seeds per arm at which the paired MDE would reach the target
+        need = math.ceil((mde / target) ** 2 * seeds) if target > 0 and mde > 0 else MAX_RUNS + 1
+        decide = str(max(need, seeds + 1)) if need <= MAX_RUNS else f"> {MAX_RUNS}"
+    return {"id": claim.id, "part": claim.part, "section": claim.section, "claim": claim.claim,
+            "comparison": f"{claim.a} - {claim.b}", "unit": "points", "effect": f"{100 * c.effect:.4g}",
+            "ci_low": f"{100 * c.ci_low:.4g}", "ci_high": f"{100 * c.ci_high:.4g}", "p": f"{c.p:.3g}", "test": test,
+            "seeds": f"{seeds}/{seeds}", "mde": f"{mde:.3g}", "margin": f"{claim.margin:g}" if claim.margin else "",
+            "verdict": v, "runs_to_decide": decide}
+
+
+def _one_run_row(claim: Claim, unit: str, a: list[float], b: list[float], lower: bool) -> dict[str, str]:
+    """The row of a claim whose arms have one run so far (or none: a study still running): the effect, no interval,
+    *undecided* by the rule."""
+    effect = statistics.fmean(a) - statistics.fmean(b) if a and b else math.nan
+    return {"id": claim.id, "part": claim.part, "section": claim.section, "claim": claim.claim,
+            "comparison": f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}", "unit": unit,
+            "effect": f"{effect:.4g}", "ci_low": "nan", "ci_high": "nan", "p": "nan",
+            "test": "none yet (a test needs 2 runs per arm)" + (f" + TOST (margin {claim.margin:g})" if claim.margin else ""),
+            "seeds": f"{len(a)}/{len(b)}", "mde": "nan", "margin": f"{claim.margin:g}" if claim.margin else "",
+            "verdict": stats.UNDECIDED,
+            "runs_to_decide": "unknown: 1 run per arm" if a and b else "unknown: not run yet"}
 
 
 def table(runs: Path = RUNS) -> str:
