@@ -46,6 +46,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--analyze-runs", action="store_true",
                    help="also write each run's full `vitlab analyze` report (attention maps, rollout) into "
                         "RUN/analysis")
+    p.add_argument("--lr-from", default=None, metavar="STUDY",
+                   help="train each variant at each depth at its own best learning rate, read from the "
+                        "sensitivity.csv of a finished `vitlab lr-sensitivity` study (its folder or the file; chosen "
+                        "there on validation loss); instead of --lr")
     add_run_options(p)
     p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figures, index.html)")
     add_force_option(p)
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                               base_run_config(args, dataset=args.dataset), args.output, args.seeds, args.num_images,
                               args.threshold, parse_set(args.set), args.analyze_runs, command_line(args), args.logger,
                               finished_only=args.finished_only, executor=executor_config(args),
-                              probe_images=args.probe_images, force=args.force)
+                              probe_images=args.probe_images, force=args.force, lr_from=args.lr_from)
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

@@ -129,9 +129,11 @@ def variant_model(variant: str, base: str, depth: int) -> tuple[str, dict[str, A
 
 
 def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: list[int], cfg: Any,
-                shared: dict[str, Any] | None = None) -> list[RunSpec]:
+                shared: dict[str, Any] | None = None,
+                rates: dict[tuple[str, int], float] | None = None) -> list[RunSpec]:
     """One run per variant, depth and seed, all with the recipe of ``cfg`` and the model options ``shared``
-    (which must not touch what the variants set: depth, gate, attn, init_values...)."""
+    (which must not touch what the variants set: depth, gate, attn, init_values...); ``rates``: each variant and
+    depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.lr_sensitivity.best_rates`)."""
     from vitlab.models import get_config
 
     specs = []
@@ -144,7 +146,12 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
                                   f"the variants differ by exactly these options, so set only others")
             overrides = {**overrides, **(shared or {})}
             get_config(preset, **overrides)
-            run_options = VARIANT_RUN.get(variant, {})
+            run_options = dict(VARIANT_RUN.get(variant, {}))
+            if rates is not None:
+                if (variant, depth) not in rates:
+                    raise ConfigError(f"--lr-from has no learning rate for {variant} at depth {depth}; run the "
+                                      "learning-rate study at that variant and depth, or leave them out")
+                run_options["lr"] = rates[(variant, depth)]
             run_cfg = cfg.replace(model=preset, model_overrides=overrides, **run_options)
             for seed in seeds:
                 info = {"variant": variant, "depth": depth, "seed": seed, "preset": preset,
@@ -357,6 +364,7 @@ class DepthStudyConfig:
     executor: Any = None  # where the runs train (vitlab.experiments.executors.ExecutorConfig; None: in this process)
     probe_images: int = 64  # training images each run's per-epoch probes use (0: probes at the end only)
     force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
+    lr_from: str | None = None  # a learning-rate study's sensitivity.csv: each variant and depth at its best rate
 
 
 def variant_notes(variants: list[str]) -> list[str]:
@@ -392,7 +400,14 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     depths, variants, cfg = sorted(config.depths), config.variants, config.run
     if config.probe_images and not cfg.probe_images:
         cfg = cfg.replace(probe_images=config.probe_images)
-    specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared)
+    rates = None
+    if config.lr_from:
+        from vitlab.experiments.lr_sensitivity import best_rates
+
+        if cfg.lr is not None:
+            raise ConfigError("give --lr or --lr-from, not both: --lr-from sets each variant's rate")
+        rates = best_rates(config.lr_from)
+    specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared, rates)
     out = check_output(config.output, "depth-study", force=config.force)
     pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only, executor=config.executor)
     depths = sorted({spec.info["depth"] for spec, _ in pairs})  # --finished-only: the depths that have runs
