@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
@@ -30,6 +31,18 @@ for _family in (vit, cait, deepvit, vit5):
 def list_models(pattern: str = "*") -> list[str]:
     """Preset names matching a shell-style ``pattern``, in registry order."""
     return [n for n in PRESETS if fnmatch.fnmatch(n, pattern)]
+
+
+def preset_differences(config: ModelConfig, preset: str, ignore: Sequence[str] = ()) -> dict[str, Any]:
+    """The fields but ``ignore`` in which ``config`` differs from preset ``preset``'s own config (its row over the
+    ModelConfig defaults, read as data: nothing is resolved), with ``config``'s values."""
+    row = ModelConfig(name=preset, **PRESETS[preset]).to_dict()
+    return {k: v for k, v in config.to_dict().items() if k not in ignore and row[k] != v}
+
+
+def find_preset(config: ModelConfig, ignore: Sequence[str] = ()) -> str | None:
+    """The first preset whose config equals ``config`` in every field but ``ignore`` (e.g. the name), else None."""
+    return next((p for p in PRESETS if not preset_differences(config, p, ignore)), None)
 
 
 def get_config(name: str, **overrides) -> ModelConfig:

@@ -35,10 +35,15 @@ from vitlab.models.spec import register_arch
 # a leaf of torch.fx graphs: traced with dynamic_img_size, RoPE is built for each input's grid at run time
 torch.fx.wrap("layout_rope")
 
+# a from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions (the paper's plain ViT of the studies)
+_VIT_MNIST = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=8, num_heads=8,
+                  mlp_ratio=4.0, pos_embed="sincos1d")
+
 PRESETS: dict[str, dict] = {
-    # a from-scratch ViT for 28x28 digits: CLS token, fixed 1-D sinusoidal positions
-    "vit_mnist": dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=8,
-                      num_heads=8, mlp_ratio=4.0, pos_embed="sincos1d"),
+    "vit_mnist": _VIT_MNIST,
+    # the model `vitlab train` trains on digits and clothing by default: vit_mnist's plain ViT read out by average
+    # pooling of the patch tokens with fc_norm (timm's rule for global_pool='avg'; the class token stays a token)
+    "vit_mnist_gap": {**_VIT_MNIST, "global_pool": "avg"},
     # ViT (Dosovitskiy et al., 2021) / DeiT sizes
     "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "vit_small": dict(embed_dim=384, depth=12, num_heads=6),

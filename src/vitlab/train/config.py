@@ -23,7 +23,7 @@ from typing import Any
 from vitlab.catalog import dataset_info
 from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
-from vitlab.models.registry import resolve_spec
+from vitlab.models.registry import find_preset, resolve_spec
 from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
 from vitlab.train.distributed import DistContext
 from vitlab.train.lock import check_free
@@ -74,6 +74,7 @@ NO_AUGMENT: dict[str, Any] = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, tran
 # leaves the early plateau but did not reach 97.5% sooner: benchmarks/README.md, "Time to accuracy")
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "clothing": {"global_pool": "avg"},
                                              "natural": {}}
+PRESET_NEUTRAL = ("name", "num_classes", "drop_path_rate")  # no part of what a preset is: a label, data, recipe
 
 AMP_MODES = ("auto", "bf16", "off")
 OPTIMIZERS, LOSSES = ("adamw", "lamb"), ("ce", "bce")
@@ -357,7 +358,10 @@ def resolve_run_model(cfg: RunConfig) -> RunModel:
         if cfg.recipe == "deit3" and spec.config.gate == "none" and "gate" not in overrides:
             defaults["gate"] = "layerscale"  # DeiT III trains its ViTs with LayerScale (init 1e-4, models_v2.py)
         overrides = {**defaults, **overrides}
-        spec = spec.with_options(**defaults) if defaults else spec
+        changed = spec.with_options(**defaults)
+        # defaults that make the preset another preset take its name (vit_mnist -> vit_mnist_gap); no weight changes
+        preset = find_preset(changed.config, PRESET_NEUTRAL) if changed.config != spec.config else None
+        spec = changed.with_options(name=preset) if preset else changed
     return RunModel(spec, overrides, spec.config.img_size, spec.config.in_chans)
 
 

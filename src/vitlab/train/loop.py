@@ -39,7 +39,7 @@ from vitlab.train.lock import RunLock
 from vitlab.train.logging import RunLogger
 from vitlab.train.optim import WarmupCosine
 from vitlab.train.progress import Progress
-from vitlab.train.run_model import model_macs
+from vitlab.train.run_model import announced_model, model_macs
 from vitlab.train.seeding import derive_seed, generator, seed_everything
 from vitlab.train.signals import StopRequest
 
@@ -198,7 +198,8 @@ class Loop:
         if self.slices > 1:
             threads = torch.get_num_threads()
             where += f" ({self.slices} slices x {threads} thread{'s' * (threads > 1)})"
-        print(f"vitlab train: {c.model} ({params / 1e6:.2f}M params) on {c.dataset} ({d['num_train']} train / "
+        name, note = announced_model(c, getattr(self.model, "vitlab_spec", None))  # the preset the run trains
+        print(f"vitlab train: {name} ({note}{params / 1e6:.2f}M params) on {c.dataset} ({d['num_train']} train / "
               f"{d['num_test']} test, {d['in_chans']}x{d['img_size']}x{d['img_size']}), {c.epochs} epochs x "
               f"{self.steps_per_epoch} steps of {c.batch_size}, lr {c.lr:g}, {where}; output {self.out_dir}",
               flush=True)

@@ -1,6 +1,6 @@
 """The model of a training run, built once (:func:`build_run_model`) from the
 :class:`~vitlab.models.spec.ModelSpec` its config resolved (:func:`vitlab.train.config.resolve_run_model`):
-its initial weights (:func:`load_init`) and its cost per image.
+its initial weights (:func:`load_init`), its cost per image and the name the run's first line gives it.
 
 The run builds its model once, from that spec (``ModelSpec.build``, the road every model takes), and the model
 carries the spec (``model.vitlab_spec``), which the checkpoint stores.
@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from vitlab.errors import ConfigError
-from vitlab.train.config import RunModel
+from vitlab.models.registry import PRESETS, preset_differences
+from vitlab.models.spec import ModelSpec
+from vitlab.train.config import PRESET_NEUTRAL, RunConfig, RunModel, model_defaults
 from vitlab.train.seeding import derive_seed
 
 INIT_STREAM = 0x1417  # the stream of the run's seed the initial weights are drawn from
@@ -30,6 +32,19 @@ def build_run_model(run_model: RunModel, num_classes: int, *, seed: int,
     if init_weights is not None:
         load_init(model, str(init_weights))
     return model
+
+
+def announced_model(cfg: RunConfig, spec: ModelSpec | None) -> tuple[str, str]:
+    """(name, note) of the model a run's first line names: the preset it typed, or the preset its data set's model
+    defaults made of it (:func:`vitlab.train.config.resolve_run_model`) with a note of what made it, e.g.
+    ``("vit_mnist_gap", "vit_mnist with the recipe's global_pool=avg; ")``."""
+    name = spec.config.name if spec is not None and spec.config is not None else ""
+    if name in ("", cfg.model) or cfg.model not in PRESETS:  # timm:NAME, or the preset as typed
+        return cfg.model, ""
+    recipe = set(model_defaults(cfg.dataset)) | ({"gate"} if cfg.recipe == "deit3" else set())
+    said = [("the recipe's " if k in recipe else "") + f"{k}={v}"
+            for k, v in preset_differences(spec.config, cfg.model, PRESET_NEUTRAL).items()]
+    return name, f"{cfg.model} with {', '.join(said)}; " if said else f"{cfg.model}; "
 
 
 def model_macs(model: nn.Module, data: dict[str, Any]) -> int | None:

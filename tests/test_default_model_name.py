@@ -1,0 +1,145 @@
+"""The model a default `vitlab train` trains on digits and clothing is a named preset, ``vit_mnist_gap`` (vit_mnist
+read out by average pooling with fc_norm): the run's first line and its config.json name it, so that
+``timm.create_model("vitlab_vit_mnist_gap", checkpoint_path=...)``, timm's validate.py and `vitlab eval` build that
+model from the name alone. The run config keeps what the user typed (``vit_mnist``), and the weights are the ones the
+unnamed model of before trained."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+from timm.models import load_checkpoint
+
+import vitlab
+import vitlab.train.config as run_config_module
+from _helpers import option_args
+from vitlab.checkpoint import load_model, read_config
+from vitlab.cli import main
+from vitlab.data import load_dataset, normalize
+from vitlab.experiments.runs import changed_options
+from vitlab.train.batches import subset
+from vitlab.train.config import RunConfig, for_data, resolve_run_model
+from vitlab.train.run_model import INIT_STREAM, build_run_model
+from vitlab.train.seeding import derive_seed
+
+TINY = option_args(limit_train=64, limit_test=64, epochs=1, batch_size=16, progress=False)
+FIRST_LINE = "vitlab train: vit_mnist_gap (vit_mnist with the recipe's global_pool=avg; 0.40M params) on mnist-5k ("
+
+
+def train(out: Path, *args: str) -> str:
+    """A tiny `vitlab train` run in this process with ``args`` (no --model: the default); its first line."""
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["train", *TINY, *args, "--output", str(out)]) == 0
+    return stdout.getvalue().splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("default") / "run"
+    return out, train(out)
+
+
+def test_a_default_run_trains_and_names_vit_mnist_gap(default_run) -> None:
+    run, first = default_run
+    assert first.startswith(FIRST_LINE), first
+    config = read_config(run)
+    assert config["model"]["name"] == "vit_mnist_gap"
+    assert config["model"]["global_pool"] == "avg" and config["model"]["fc_norm"] is None
+    assert config["run"]["model"] == "vit_mnist"  # what the user typed (the default), unchanged
+    assert config["run"]["model_overrides"] == {"global_pool": "avg", "drop_path_rate": 0.0}
+    gap = vitlab.create_model("vit_mnist_gap")
+    assert {k: v for k, v in config["model"].items() if k != "drop_path_rate"} == \
+        {k: v for k, v in gap.cfg.to_dict().items() if k != "drop_path_rate"}
+
+
+def test_timm_builds_the_default_run_from_the_name_alone(default_run) -> None:
+    run, _ = default_run
+    weights = run / "model.safetensors"
+    by_name = timm.create_model("vitlab_vit_mnist_gap", checkpoint_path=str(weights)).eval()  # strict load
+    fresh = timm.create_model("vitlab_vit_mnist_gap")
+    result = fresh.load_state_dict(load_file(str(weights)), strict=False)
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    # as timm's validate.py creates and loads it (--model vitlab_vit_mnist_gap --checkpoint RUN/model.safetensors)
+    validate = timm.create_model("vitlab_vit_mnist_gap", pretrained=False, num_classes=None, global_pool=None,
+                                 scriptable=False)
+    load_checkpoint(validate, str(weights), False)
+    validate.eval()
+    data = read_config(run)["run"]["data"]
+    # timm's data config of the name: the run's normalisation, the input the run trained at
+    timm_data = timm.data.resolve_data_config({}, model=validate)
+    assert timm_data["input_size"] == (1, 28, 28)
+    assert (list(timm_data["mean"]), list(timm_data["std"])) == (data["mean"], data["std"])
+    _, test = load_dataset("mnist-5k", img_size=28, in_chans=1)
+    x = normalize(subset(test, 32).images, data["mean"], data["std"])
+    reference = load_model(run).eval()
+    with torch.no_grad():
+        expected = reference(x)
+        for model in (by_name, validate):
+            assert torch.equal(model(x), expected)
+
+
+def test_vitlab_eval_by_the_name_and_timm_refuses_the_class_token_preset(default_run, capsys) -> None:
+    run, _ = default_run
+    assert main(["eval", "--checkpoint", str(run)]) == 0
+    assert main(["eval", "--checkpoint", str(run), "--model", "vit_mnist_gap"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), "--model", "vit_mnist"]) == 2
+    assert "fc_norm" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match=r"(?s)Missing key.*norm\.weight.*Unexpected key.*fc_norm\.weight"):
+        timm.create_model("vitlab_vit_mnist", checkpoint_path=str(run / "model.safetensors"))
+
+
+def test_the_name_changes_no_weight(default_run, tmp_path, monkeypatch) -> None:
+    run, _ = default_run
+    # the initial weights, as the run builds them and as the unnamed model of before was built
+    cfg = RunConfig(limit_train=64, epochs=1, batch_size=16)
+    _, run_model = for_data(cfg, resolve_run_model(cfg), 64)
+    assert run_model.spec.config.name == "vit_mnist_gap"
+    now = build_run_model(run_model, 10, seed=0).state_dict()
+    torch.manual_seed(derive_seed(0, INIT_STREAM))
+    before = vitlab.create_model("vit_mnist", global_pool="avg", drop_path_rate=0.0).state_dict()
+    assert list(now) == list(before) and all(torch.equal(now[k], before[k]) for k in now)
+    # a whole run with the renaming switched off (the old way): the same trained weights, the same run config
+    monkeypatch.setattr(run_config_module, "find_preset", lambda config, ignore=(): None)
+    old = tmp_path / "old"
+    assert train(old).startswith("vitlab train: vit_mnist (0.40M params) on mnist-5k (")
+    new_weights, old_weights = load_file(str(run / "model.safetensors")), load_file(str(old / "model.safetensors"))
+    assert list(new_weights) == list(old_weights)
+    assert all(torch.equal(new_weights[k], old_weights[k]) for k in new_weights)
+    new_config, old_config = read_config(run), read_config(old)
+    assert old_config["model"]["name"] == "vit_mnist"
+    assert {**old_config["model"], "name": "vit_mnist_gap"} == new_config["model"]
+    assert {**old_config["run"], "output": None} == {**new_config["run"], "output": None}
+    # a run made before the name existed still resumes, and a study still sees it as its own
+    monkeypatch.undo()
+    assert changed_options(RunConfig(limit_train=64, limit_test=64, epochs=1, batch_size=16), old) == []
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["train", "--resume", str(old), "--epochs", "2"]) == 0
+    assert json.loads((old / "summary.json").read_text())["epochs"] == 2
+
+
+def test_default_pooling_on_clothing_is_named_too() -> None:
+    run_model = resolve_run_model(RunConfig(dataset="fashion-mnist"))
+    assert run_model.spec.config.name == "vit_mnist_gap" and run_model.overrides == {"global_pool": "avg"}
+    assert resolve_run_model(RunConfig(dataset="cifar10")).spec.config.name == "vit_mnist"  # no default there
+
+
+@pytest.mark.parametrize("option, name, overrides", [
+    ("depth=2", "vit_mnist", {"depth": 2, "global_pool": "avg", "drop_path_rate": 0.0}),
+    ("global_pool=token", "vit_mnist", {"global_pool": "token", "drop_path_rate": 0.0}),
+])
+def test_a_model_no_preset_equals_keeps_the_users_name(tmp_path, option, name, overrides) -> None:
+    first = train(tmp_path / "run", "--set", option)
+    assert first.startswith(f"vitlab train: {name} (0."), first
+    config = read_config(tmp_path / "run")
+    assert config["model"]["name"] == name and config["run"]["model"] == "vit_mnist"
+    assert config["run"]["model_overrides"] == overrides
