@@ -6,7 +6,12 @@
 #   benchmarks/gpu_study.sh                 # on the GPU: checks, then the whole study (hours)
 #   benchmarks/gpu_study.sh --smoke         # anywhere, on the CPU, in seconds: every step end to end, tiny
 #
-# Settings (environment): OUT (study folder; default runs/findings/depth, smoke: a temporary folder),
+# Then, in this order (STUDIES picks, default "lr fashion depth"): the learning-rate sensitivity study of
+# docs/findings.md section 7 (runs/lr_sensitivity), the Fashion-MNIST depth study of section 8 at the rates it
+# chose (runs/findings/depth_fashion; needs apt-get install dataset-fashion-mnist), the depth study (OUT).
+#
+# Settings (environment): OUT (study folder; default runs/findings/depth, smoke: a temporary folder), LR_OUT and
+# FASHION_OUT (the other two studies' folders), FASHION_DIR (the idx files; default the Debian package's),
 # SEEDS (default 5), WORKERS (runs per GPU with local workers, default 4), EXECUTOR (local | ray; ray runs each
 # run with --gpus-per-run 1/WORKERS on the cluster of RAY_ADDRESS or a local one), PYTHON (default .venv/bin/python).
 set -euo pipefail
@@ -19,6 +24,8 @@ VITLAB=("$PY" -m vitlab)
 SEEDS=${SEEDS:-5}
 WORKERS=${WORKERS:-4}
 EXECUTOR=${EXECUTOR:-local}
+STUDIES=${STUDIES:-lr fashion depth}
+FASHION_DIR=${FASHION_DIR:-/usr/share/datasets/fashion-mnist}
 
 if [ "$SMOKE" = 1 ]; then
     DEVICE=cpu
@@ -28,6 +35,12 @@ if [ "$SMOKE" = 1 ]; then
     TINY=(--limit-train 64 --limit-test 32 --batch-size 16 --epochs 1 --threads 1 --no-progress)
     DEPTHS=1,2; VARIANTS=vit,layerscale; SEEDS=1; WORKERS=1
     STUDY_SET=(--set embed_dim=16 --set num_heads=2)
+    LR_OUT=${LR_OUT:-$WORK/lr_sensitivity}; FASHION_OUT=${FASHION_OUT:-$WORK/depth_fashion}
+    FASHION_DATA=(--dataset mnist-5k)  # the smoke test runs offline anywhere: the same step on the shipped digits
+    LR_ARGS=(--depths 1,2 --variants vit,tfixup --lrs 1e-3,3e-3 --seeds 1 --val-split 0.25 --probe-images 8
+             "${TINY[@]}" "${STUDY_SET[@]}")
+    FASHION_ARGS=(--depths 1,2 --variants vit --seeds 1 --val-split 0.1 --num-images 4 "${TINY[@]}"
+                  "${STUDY_SET[@]}")
 else
     DEVICE=cuda
     WORK=runs/gpu_check
@@ -35,6 +48,11 @@ else
     TINY=(--epochs 1 --no-progress)
     DEPTHS=6,12,24,36; VARIANTS=vit,layerscale,rezero,skipinit,fixup,tfixup,cait,deepvit
     STUDY_SET=()
+    LR_OUT=${LR_OUT:-runs/lr_sensitivity}; FASHION_OUT=${FASHION_OUT:-runs/findings/depth_fashion}
+    FASHION_DATA=(--dataset fashion-mnist --data-dir "$FASHION_DIR")
+    LR_ARGS=(--depths 6,12,24,48 --lrs 3e-4,7e-4,2e-3,5e-3,1e-2 --variants vit,layerscale,cait,deepvit,rezero,fixup,tfixup
+             --seeds 3 --epochs 3 --run-set warmup_epochs=1 --no-augment --val-split 0.1 --no-progress)
+    FASHION_ARGS=(--depths 6,12,24 --variants vit,layerscale,cait --seeds 3 --val-split 0.1 --no-progress)
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU here; run with --smoke')"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
@@ -88,13 +106,27 @@ echo "== 2. train, eval and analyze one run on $DEVICE"
 "${VITLAB[@]}" eval --checkpoint "$WORK/train" --device "$DEVICE" $([ "$SMOKE" = 1 ] && echo "--limit-test 32")
 "${VITLAB[@]}" analyze --checkpoint "$WORK/train" --device "$DEVICE" --num-images 8 --output "$WORK/analysis"
 
-echo "== 3. the depth study: $VARIANTS at depths $DEPTHS, $SEEDS seeds, $WORKERS runs at once per device"
 if [ "$EXECUTOR" = ray ]; then
     WHERE=(--executor ray --gpus-per-run "$("$PY" -c "print(1 / $WORKERS)")")
     [ "$DEVICE" = cpu ] && WHERE=(--executor ray)
 else
     WHERE=(--executor local --workers "$WORKERS")
 fi
+if [[ " $STUDIES " == *" lr "* ]]; then
+    echo "== 3a. learning-rate sensitivity against depth (docs/findings.md section 7) into $LR_OUT"
+    start=$(date +%s)
+    "${VITLAB[@]}" lr-sensitivity "${LR_ARGS[@]}" --device "$DEVICE" "${WHERE[@]}" --output "$LR_OUT"
+    echo "lr sensitivity: $(( $(date +%s) - start )) s wall"
+fi
+if [[ " $STUDIES " == *" fashion "* ]]; then
+    echo "== 3b. does depth pay off on Fashion-MNIST, at the rates of $LR_OUT, into $FASHION_OUT"
+    start=$(date +%s)
+    "${VITLAB[@]}" depth-study "${FASHION_DATA[@]}" --lr-from "$LR_OUT" \
+        "${FASHION_ARGS[@]}" --device "$DEVICE" "${WHERE[@]}" --output "$FASHION_OUT"
+    echo "fashion depth study: $(( $(date +%s) - start )) s wall"
+fi
+[[ " $STUDIES " == *" depth "* ]] || exit 0
+echo "== 3. the depth study: $VARIANTS at depths $DEPTHS, $SEEDS seeds, $WORKERS runs at once per device"
 start=$(date +%s)
 "${VITLAB[@]}" depth-study --dataset mnist-5k --depths "$DEPTHS" --variants "$VARIANTS" --seeds "$SEEDS" \
     --device "$DEVICE" "${WHERE[@]}" "${STUDY_SET[@]}" \

@@ -343,10 +343,16 @@ def test_a_training_trial_beats_its_heartbeat_in_a_shared_storage(tmp_path: Path
 def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) -> None:
     """``benchmarks/gpu_study.sh --smoke``: the CUDA-path checks, train / eval / analyze and the depth study, on the
     CPU with tiny runs; the study's tables land in OUT."""
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "depth")}
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "depth"), "LR_OUT": str(tmp_path / "lr"),
+           "FASHION_OUT": str(tmp_path / "fashion")}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_study.sh"), "--smoke"], capture_output=True,
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "fused attention (SDPA) against the explicit maps" in proc.stdout and "bf16 autocast" in proc.stdout
     with open(tmp_path / "depth" / "results.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == 4
+    with open(tmp_path / "lr" / "sensitivity.csv", newline="") as fh:  # the learning-rate study, then the depth
+        best = {(r["variant"], r["depth"]): float(r["best_lr"]) for r in csv.DictReader(fh)}  # study at its rates
+    with open(tmp_path / "fashion" / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2 and all(json.loads(r["run_options"])["lr"] == best[("vit", r["depth"])] for r in rows)
