@@ -117,3 +117,16 @@ def test_without_a_validation_split_nothing_is_chosen_on_the_test_set(tmp_path, 
     i = argv.index("--val-split")
     del argv[i:i + 2]
     assert "--val-split" in cli_error(capsys, argv)
+
+
+def test_finished_only_names_ten_unfinished_runs_and_counts_the_rest(tmp_path, capsys):
+    from vitlab.cli import main
+
+    argv = _study(tmp_path)
+    argv[argv.index("--lrs") + 1] = "1e-3,3e-3"
+    assert main(argv) == 0
+    argv[argv.index("--depths") + 1] = "1,2,3,4,5,6"  # 16 runs more, none finished
+    capsys.readouterr()
+    assert main([*argv, "--finished-only"]) == 0
+    err = capsys.readouterr().err
+    assert "leaves out 16 run(s) not finished yet: " in err and "and 6 more" in err

@@ -177,8 +177,9 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
             raise ConfigError(f"no run of this study has finished in {out_dir} yet; drop --finished-only to train "
                               "them")
         if left:
-            print(f"{title}: --finished-only leaves out {len(left)} run(s) not finished yet: "
-                  f"{', '.join(s.name for s in left)}", file=sys.stderr, flush=True)
+            names = ", ".join(s.name for s in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+            print(f"{title}: --finished-only leaves out {len(left)} run(s) not finished yet: {names}",
+                  file=sys.stderr, flush=True)
     meter = Progress(len(specs), title)
     summaries: dict[str, dict] = {}
     pending = []
