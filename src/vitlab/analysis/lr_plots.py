@@ -22,7 +22,7 @@ def _per_variant(rows: list[dict[str, Any]], value: str, variants: list[str], pa
 
     nrows, cols = _grid(len(variants))
     fig = new_figure(4.2 * cols, 3.4 * nrows)
-    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    axes = fig.subplots(nrows, cols, squeeze=False, sharex=True).ravel()  # one rate axis for every variant
     for ax in axes[len(variants):]:
         ax.set_axis_off()
     depths = sorted({r["depth"] for r in rows})
@@ -37,6 +37,7 @@ def _per_variant(rows: list[dict[str, Any]], value: str, variants: list[str], pa
                 ax.plot(div, [hline if hline is not None else 0.0] * len(div), "x", color=colours[d], markersize=9)
         if hline is not None:
             ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+            ax.set_ylim(0, 1.08 * hline)  # losses on one scale, from 0 to just above a uniform guess's
         ax.set_xscale("log")
         if log_y:
             ax.set_yscale("log")
