@@ -56,7 +56,7 @@ class Claim:
     claim: str
     a: str  # STUDY/RUN-PREFIX of the arm the paper says is larger
     b: str
-    measure: str = "acc"  # acc | cv_attn | cv_mlp | lr_sens (b - a: lower is the claim) | similarity (a vs 0.9)
+    measure: str = "acc"  # acc | max_logit | cv_attn | cv_mlp | lr_sens (b - a: lower is the claim) | similarity
     margin: float = 0.0  # > 0: an "as good as" claim, TOST within this margin
 
     @property
@@ -149,6 +149,9 @@ CLAIMS = (
           "the plain ViT", "lr_sensitivity/layerscale_depth48", "lr_sensitivity/vit_depth48", measure="lr_sens"),
     Claim("cait-sens-48", "7", "CaiT widens the range of learning rates at 48 blocks: lower LR sensitivity than the "
           "plain ViT", "lr_sensitivity/cait_depth48", "lr_sensitivity/vit_depth48", measure="lr_sens"),
+    Claim("vit-logit-lr", "7", "attention logits grow with the learning rate: the plain ViT's largest logit at 48 "
+          "blocks is higher at lr 1e-2 than at 2e-3", "lr_sensitivity/vit_depth48_lr0.01",
+          "lr_sensitivity/vit_depth48_lr0.002", measure="max_logit"),
     Claim("vit-sens-depth", "7", "the plain ViT's LR sensitivity grows with depth: lower at 6 blocks than at 48",
           "lr_sensitivity/vit_depth6", "lr_sensitivity/vit_depth48", measure="lr_sens"),
 )
@@ -215,6 +218,10 @@ def measure(run: Path, what: str) -> float:
     """One run's value: test accuracy in points, a residual-ratio CV or the mean cross-layer similarity."""
     if what == "acc":
         return 100 * json.loads((run / "summary.json").read_text())["final_test_acc"]
+    if what == "max_logit":  # the largest attention logit of any layer after the last epoch (probe columns)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        last = [r for r in rows if any(k.startswith("probe/max_logit/") for k in r)][-1]
+        return max(v for k, v in last.items() if k.startswith("probe/max_logit/"))
     diag = json.loads((run / "diagnostics.json").read_text())
     if what == "similarity":
         return next(c["mean_similarity"] for c in diag["collapse"] if c["group"] == "self_attention")
@@ -235,7 +242,7 @@ def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
     """The verdict row of ``claim`` from the run records under ``runs``."""
     values = (lambda arm: lr_sensitivities(arm, runs)) if claim.measure == "lr_sens" else (
         lambda arm: [measure(r, claim.measure) for r in run_dirs(arm, runs)])
-    unit = {"acc": "points", "similarity": "cosine", "lr_sens": "nats"}.get(claim.measure, "CV")
+    unit = {"acc": "points", "similarity": "cosine", "lr_sens": "nats", "max_logit": "logit"}.get(claim.measure, "CV")
     lower = claim.measure.startswith("cv") or claim.measure == "lr_sens"
     try:
         a = values(claim.a)
@@ -333,7 +340,8 @@ def _one_run_row(claim: Claim, unit: str, a: list[float], b: list[float], lower:
     return {"id": claim.id, "part": claim.part, "section": claim.section, "claim": claim.claim,
             "comparison": f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}", "unit": unit,
             "effect": f"{effect:.4g}", "ci_low": "nan", "ci_high": "nan", "p": "nan",
-            "test": "none yet (a test needs 2 runs per arm)" + (f" + TOST (margin {claim.margin:g})" if claim.margin else ""),
+            "test": "none yet (a test needs 2 runs per arm)"
+            + (f" + TOST (margin {claim.margin:g})" if claim.margin else ""),
             "seeds": f"{len(a)}/{len(b)}", "mde": "nan", "margin": f"{claim.margin:g}" if claim.margin else "",
             "verdict": stats.UNDECIDED,
             "runs_to_decide": "unknown: 1 run per arm" if a and b else "unknown: not run yet"}

@@ -88,7 +88,8 @@ def test_a_tiny_study_writes_its_tables_from_the_runs_and_reads_them_back(tmp_pa
     assert {(s["variant"], s["depth"]) for s in sens} == {(v, d) for v in ("vit", "tfixup") for d in ("1", "2")}
     for s in sens:
         assert 0 <= float(s["lr_sensitivity"]) <= L0 and s["runs"] == "2"
-    for name in ("summary.csv", "loss_vs_lr.png", "sensitivity_vs_depth.png", "max_logit_vs_lr.png", "index.html"):
+    for name in ("summary.csv", "loss_vs_lr.png", "sensitivity_vs_depth.png", "max_logit_vs_lr.png", "logit_growth.png",
+                 "index.html"):
         assert (out / name).is_file()
     capsys.readouterr()
     assert main(_study(tmp_path, "--finished-only")) == 0  # read back, nothing trained

@@ -88,3 +88,40 @@ def plot_sensitivity(sens: list[dict[str, Any]], variants: list[str], path: str 
     axes[0].legend(fontsize=8)
     fig.suptitle("learning-rate sensitivity against depth (Wortsman et al. 2023)")
     return save(fig, path)
+
+
+def plot_logit_growth(logits: list[dict[str, Any]], variants: list[str], depth: int, path: str | Path) -> Path:
+    """At ``depth``: the largest attention logit of any layer after each epoch, a panel per variant, a line per
+    learning rate (mean over seeds): how the logits grow over training at each rate (Wortsman et al. 2023)."""
+    from vitlab.analysis.plots import new_figure, save
+
+    per_run: dict[tuple, float] = {}
+    for r in logits:
+        value = r["max_logit"]
+        if r["depth"] != depth or not (isinstance(value, float) and math.isfinite(value)):
+            continue
+        key = (r["variant"], r["lr"], r["seed"], r["epoch"])
+        per_run[key] = max(per_run.get(key, -math.inf), value)
+    nrows, cols = _grid(len(variants))
+    fig = new_figure(4.2 * cols, 3.4 * nrows)
+    axes = fig.subplots(nrows, cols, squeeze=False, sharex=True).ravel()
+    for ax in axes[len(variants):]:
+        ax.set_axis_off()
+    lrs = sorted({k[1] for k in per_run})
+    for ax, variant in zip(axes, variants):
+        for i, lr in enumerate(lrs):
+            epochs = sorted({k[3] for k in per_run if k[0] == variant and k[1] == lr})
+            means = []
+            for e in epochs:
+                vals = [v for k, v in per_run.items() if k[0] == variant and k[1] == lr and k[3] == e]
+                means.append(sum(vals) / len(vals))
+            if epochs:
+                ax.plot(epochs, means, marker="o", color=f"C{i % 10}", label=f"lr {lr:g}")
+        ax.set_yscale("log")
+        ax.set_title(variant)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("max attention logit, any layer")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"attention logit growth over training at depth {depth} (mean over seeds)")
+    return save(fig, path)

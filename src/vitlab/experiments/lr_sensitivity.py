@@ -253,7 +253,7 @@ def _num_classes(dataset: str, out: Path, pairs: list[tuple[RunSpec, dict]]) -> 
 def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str, Any], *,
                 command: str) -> dict[str, Any]:
     """The tables, figures and report of a finished (or partly finished) study."""
-    from vitlab.analysis.lr_plots import plot_logits, plot_loss_vs_lr, plot_sensitivity
+    from vitlab.analysis.lr_plots import plot_logit_growth, plot_logits, plot_loss_vs_lr, plot_sensitivity
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
 
     per_lr = lr_table(rows, meta["uniform_loss"])
@@ -266,6 +266,8 @@ def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str,
     plot_loss_vs_lr(per_lr, variants, meta["uniform_loss"], out / "loss_vs_lr.png")
     plot_sensitivity(sens, variants, out / "sensitivity_vs_depth.png")
     plot_logits(per_lr, variants, out / "max_logit_vs_lr.png")
+    deepest = max(meta["depths"])
+    plot_logit_growth(logits, variants, deepest, out / "logit_growth.png")
     write_json(out / "summary.json", {**meta, "sensitivity": sens})
     variants_rows = [{"variant": v, "what": DESCRIPTIONS[v], "run options it sets": json.dumps(VARIANT_RUN.get(v, {}))}
                      for v in variants]
@@ -279,7 +281,8 @@ def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str,
                 ["sensitivity_vs_depth.png"], ["sensitivity.csv"]),
         Section("Attention logits", "The largest pre-softmax attention logit of any layer (Dehghani et al. 2023), "
                 "measured after every epoch on a fixed batch of training images, at the end of training, against "
-                "the learning rate; logits.csv holds every layer and epoch.", ["max_logit_vs_lr.png"],
+                "the learning rate; below, at the deepest depth, its growth epoch by epoch at each rate; logits.csv "
+                "holds every layer and epoch.", ["max_logit_vs_lr.png", "logit_growth.png"],
                 ["logits.csv"]),
         Section("Variants", "", [], [variants_rows]),
         Section("Every run", "", [], ["results.csv"]),
@@ -287,4 +290,4 @@ def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str,
     write_report(out, f"Learning-rate sensitivity against depth on {meta['dataset']} (width of {meta['base']})",
                  command, sections)
     return {"summary": per_lr, "sensitivity": sens,
-            "figures": ["loss_vs_lr.png", "sensitivity_vs_depth.png", "max_logit_vs_lr.png"]}
+            "figures": ["loss_vs_lr.png", "sensitivity_vs_depth.png", "max_logit_vs_lr.png", "logit_growth.png"]}

@@ -261,7 +261,7 @@ STUDY_FILES: dict[str, tuple[str, ...]] = {  # what each study writes at the top
                     "accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similar_blocks.png",
                     "probes_*.png", "similarity_depth*.png", *_REPORT, *_TRACKED),
     "lr-sensitivity": ("results.csv", "summary.csv", "sensitivity.csv", "logits.csv", "loss_vs_lr.png",
-                       "sensitivity_vs_depth.png", "max_logit_vs_lr.png", *_REPORT),
+                       "sensitivity_vs_depth.png", "max_logit_vs_lr.png", "logit_growth.png", *_REPORT),
     "complexity": ("complexity.csv", "fits.csv", "complexity.png", *_REPORT),
     "search": ("optuna.db", "trials.csv", "history.png", "curves.png", "importance.png", *_REPORT),
 }
