@@ -40,14 +40,15 @@ def levers(device: str, args: argparse.Namespace) -> list[dict]:
         (("AdamW foreach", Runtime(threads=1, adamw="foreach")), ("AdamW fused", t1)),
         (("SDPA attention", replace(t1, fused_attn=True)), ("explicit attention (auto)", t1)),
         (("eager", t1), ("torch.compile", replace(t1, compile=True))),
+        (("fp32", t1), ("bf16 autocast", replace(t1, bf16=True))),  # CPU: native on AVX-512 BF16 / AMX only
         (("1 proc x 1 thread", t1), ("2 procs x 1 thread (DDP)", replace(t1, procs=2))),
         (("1 proc x 2 threads", replace(t1, threads=2)), ("2 procs x 1 thread (DDP)", replace(t1, procs=2))),
         (("1 proc x 2 threads", replace(t1, threads=2)), ("2 slices x 1 thread", replace(t1, slices=2))),
         (("2 procs x 1 thread (DDP)", replace(t1, procs=2)), ("2 slices x 1 thread", replace(t1, slices=2))),
     ]
-    if device != "cpu":  # threads and gloo processes are CPU levers
+    if device != "cpu":  # threads, gloo processes and CPU autocast are CPU levers
         pairs = [(b, o) for b, o in pairs if b[1].procs == o[1].procs == 1 and b[1].threads == o[1].threads
-                 and b[1].slices == o[1].slices]
+                 and b[1].slices == o[1].slices and not o[1].bf16]
     out = []
     for base, other in pairs:
         print(f"  lever: {base[0]} -> {other[0]}", flush=True)

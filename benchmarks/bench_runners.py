@@ -37,6 +37,7 @@ class Runtime:
     compile: bool = False
     fused_attn: bool | None = None  # vitlab attention: None picks per call, True SDPA, False explicit
     channels_last: bool = False
+    bf16: bool = False  # bf16 autocast on the CPU too (on CUDA the step always runs under it)
 
     def label(self, mode: str = "train") -> str:
         threads = self.threads or DEFAULT_THREADS
@@ -54,6 +55,8 @@ class Runtime:
             parts.append("SDPA" if self.fused_attn else "explicit attn")
         if self.channels_last:
             parts.append("channels-last")
+        if self.bf16:
+            parts.append("bf16 autocast")
         return ", ".join(parts)
 
 
@@ -82,9 +85,12 @@ def make_optimizer(model: nn.Module, impl: str, recipe: dict | None = None) -> t
     return perf.adamw(params, impl=impl, **kwargs)
 
 
-def autocast(device: str) -> contextlib.AbstractContextManager:
+def autocast(device: str, bf16: bool = False) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA always, on the CPU when asked (``Runtime.bf16``; native on AVX-512 BF16 / AMX)."""
     if device == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if bf16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -130,12 +136,12 @@ class Runner:
         self.first_step_s = 0.0
 
     def _loss(self, start: int, stop: int) -> torch.Tensor:
-        with autocast(self.device):
+        with autocast(self.device, self.rt.bf16):
             return F.cross_entropy(self.net(self.x[start:stop]), self.y[start:stop],
                                    label_smoothing=self.recipe.get("label_smoothing", 0.0))
 
     def _infer(self, x: torch.Tensor) -> torch.Tensor:
-        with autocast(self.device):
+        with autocast(self.device, self.rt.bf16):
             return self.net(x)
 
     def step(self) -> None:

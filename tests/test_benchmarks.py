@@ -218,3 +218,21 @@ def test_denormals_benchmark_times_both_modes_and_says_where(tmp_path: Path) -> 
     assert set(report["denormals_trained"]) == {"forward", "backward"}
     assert "| trained |" in (tmp_path / "denormals.md").read_text()
     assert not perf.flushes_denormals()
+
+
+def test_the_bf16_lever_runs_the_cpu_step_under_bf16_autocast() -> None:
+    """``Runtime(bf16=True)`` (the bf16 lever of bench_levers) computes the step's matmuls in bf16 on the CPU; the
+    fp32 runtime does not; both step and update the weights."""
+    bench = _bench_module()  # puts benchmarks/ on the path, where bench imports bench_runners from
+    runners = sys.modules["bench_runners"]
+    row = bench.quick_row(bench.ROWS[0])  # vit_mnist
+    seen = {}
+    for bf16 in (False, True):
+        runner = runners.Runner(bench.build("vitlab", row), "train", row, runners.Runtime(threads=1, bf16=bf16), "cpu")
+        before = [p.detach().clone() for p in runner.model.parameters()]
+        with torch.no_grad(), runners.autocast("cpu", bf16):
+            seen[bf16] = runner.net(runner.x).dtype
+        assert runner.time(1) > 0
+        assert any(not torch.equal(a, p) for a, p in zip(before, runner.model.parameters()))
+        assert ("bf16 autocast" in runner.rt.label()) == bf16
+    assert seen == {False: torch.float32, True: torch.bfloat16}
