@@ -69,7 +69,7 @@ def plot_sensitivity(sens: list[dict[str, Any]], variants: list[str], path: str 
     """LR sensitivity, best validation loss and divergence rate against depth, a line per variant."""
     from vitlab.analysis.plots import new_figure, save
 
-    panels = [("lr_sensitivity", "LR sensitivity (lower: trains at more rates)"),
+    panels = [("lr_sensitivity", "LR sensitivity (nats; read with the best loss)"),
               ("best_val_loss", "best final validation loss"), ("divergence_rate", "share of runs that diverged")]
     fig = new_figure(5.0 * len(panels), 3.9)
     axes = fig.subplots(1, len(panels), squeeze=False).ravel()
