@@ -12,7 +12,7 @@ import pytest
 from _helpers import cli_error, read_rows
 from vitlab.errors import ConfigError
 from vitlab.experiments.depth_study import depth_specs
-from vitlab.experiments.lr_sensitivity import best_rates
+from vitlab.experiments.rates import best_rates
 from vitlab.train.config import RunConfig
 
 COLUMNS = ["variant", "depth", "lrs", "runs", "best_lr", "best_val_loss", "best_val_acc", "test_acc_at_best_lr",

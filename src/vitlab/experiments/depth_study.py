@@ -133,7 +133,7 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
                 rates: dict[tuple[str, int], float] | None = None) -> list[RunSpec]:
     """One run per variant, depth and seed, all with the recipe of ``cfg`` and the model options ``shared``
     (which must not touch what the variants set: depth, gate, attn, init_values...); ``rates``: each variant and
-    depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.lr_sensitivity.best_rates`)."""
+    depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.rates.best_rates`)."""
     from vitlab.models import get_config
 
     specs = []
@@ -402,7 +402,7 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
         cfg = cfg.replace(probe_images=config.probe_images)
     rates = None
     if config.lr_from:
-        from vitlab.experiments.lr_sensitivity import best_rates
+        from vitlab.experiments.rates import best_rates
 
         if cfg.lr is not None:
             raise ConfigError("give --lr or --lr-from, not both: --lr-from sets each variant's rate")
