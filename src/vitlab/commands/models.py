@@ -33,10 +33,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'model':<13} {'arch':<5} {'img':>4} {'patch':>5} {'dim':>5} {'depth':>5} {'heads':>5} "
+    w = max(13, *(len(r["name"]) for r in rows))  # the name column fits the longest name
+    print(f"{'model':<{w}} {'arch':<5} {'img':>4} {'patch':>5} {'dim':>5} {'depth':>5} {'heads':>5} "
           f"{'attn':<13} {'gate':<10} {'params (M)':>10} {'GMACs':>8}")
     for r in rows:
-        print(f"{r['name']:<13} {r['arch']:<5} {r['img_size']:>4} {r['patch_size']:>5} {r['embed_dim']:>5} "
+        print(f"{r['name']:<{w}} {r['arch']:<5} {r['img_size']:>4} {r['patch_size']:>5} {r['embed_dim']:>5} "
               f"{r['depth']:>5} {r['num_heads']:>5} {r['attn']:<13} {r['gate']:<10} {r['params'] / 1e6:>10.2f} "
               f"{r['macs'] / 1e9:>8.3f}")
     print("GMACs: multiply-adds per image at the default size (FLOPs = 2 x MACs); see `vitlab flops MODEL`.")
