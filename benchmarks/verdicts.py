@@ -8,7 +8,9 @@ p-value, the runs per arm and the minimal detectable effect at 80 % power of tha
 - a claim of a difference is *reproduced* when the interval excludes zero on the paper's side, *contradicted* when
   it excludes zero on the other side, *undecided* otherwise;
 - an "as good as" claim is *reproduced* only when TOST shows equivalence within the margin stated in
-  :data:`CLAIMS`, *contradicted* when the 95 % interval lies wholly outside the margin, *undecided* otherwise.
+  :data:`CLAIMS`, *contradicted* when the 95 % interval lies wholly outside the margin, *undecided* otherwise;
+- a "no worse than" claim (non-inferiority, margin m) follows the difference rule on the interval shifted by m:
+  *reproduced* when the lower end is above -m, *contradicted* when the upper end is below -m.
 
 The runs recorded before per-image predictions existed are compared by Welch's t over the runs (column ``test``);
 arms whose runs all stored ``test_predictions.json`` and share at least two seeds (the learning-rate sensitivity
@@ -49,6 +51,10 @@ COLUMNS = ["id", "part", "section", "claim", "comparison", "unit", "effect", "ci
 MAX_RUNS = 50
 
 
+class NoRuns(LookupError):
+    """An arm has no finished run (yet)."""
+
+
 @dataclass(frozen=True)
 class Claim:
     id: str
@@ -58,6 +64,7 @@ class Claim:
     b: str
     measure: str = "acc"  # acc | max_logit | cv_attn | cv_mlp | lr_sens (b - a: lower is the claim) | similarity
     margin: float = 0.0  # > 0: an "as good as" claim, TOST within this margin
+    noninferior: bool = False  # with a margin: "no worse than" (a one-sided claim): the rule on the interval + margin
 
     @property
     def part(self) -> str:
@@ -139,12 +146,12 @@ CLAIMS = (
           "lr_sensitivity/cait_depth48@best", "lr_sensitivity/vit_depth48@best"),
     Claim("deepvit-vit-48-lr", "7", "DeepViT beats the plain ViT at 48 blocks, each at its best learning rate",
           "lr_sensitivity/deepvit_depth48@best", "lr_sensitivity/vit_depth48@best"),
-    Claim("tfixup-vit-12-lr", "7", "T-Fixup trains 12 blocks without normalisation as well as the pre-norm ViT, each "
-          "at its best learning rate (margin 1 point)", "lr_sensitivity/tfixup_depth12@best",
-          "lr_sensitivity/vit_depth12@best", margin=1.0),
-    Claim("fixup-vit-24-lr", "7", "Fixup trains 24 blocks without normalisation as well as the pre-norm ViT, each at "
-          "its best learning rate (margin 1 point)", "lr_sensitivity/fixup_depth24@best",
-          "lr_sensitivity/vit_depth24@best", margin=1.0),
+    Claim("tfixup-vit-12-lr", "7", "T-Fixup trains 12 blocks without normalisation no worse than the pre-norm ViT, "
+          "each at its best learning rate (non-inferiority margin 1 point)", "lr_sensitivity/tfixup_depth12@best",
+          "lr_sensitivity/vit_depth12@best", margin=1.0, noninferior=True),
+    Claim("fixup-vit-24-lr", "7", "Fixup trains 24 blocks without normalisation no worse than the pre-norm ViT, each "
+          "at its best learning rate (non-inferiority margin 1 point)", "lr_sensitivity/fixup_depth24@best",
+          "lr_sensitivity/vit_depth24@best", margin=1.0, noninferior=True),
     Claim("ls-sens-48", "7", "LayerScale widens the range of learning rates at 48 blocks: lower LR sensitivity than "
           "the plain ViT", "lr_sensitivity/layerscale_depth48", "lr_sensitivity/vit_depth48", measure="lr_sens"),
     Claim("cait-sens-48", "7", "CaiT widens the range of learning rates at 48 blocks: lower LR sensitivity than the "
@@ -167,7 +174,7 @@ def run_dirs(arm: str, runs: Path = RUNS) -> list[Path]:
     pattern = re.compile(rf"{re.escape(prefix)}_seed=?\d+")
     found = sorted(p for p in (runs / study).iterdir() if pattern.fullmatch(p.name) and (p / "summary.json").is_file())
     if not found:
-        raise FileNotFoundError(f"no finished run {prefix}_seed* under {runs / study}")
+        raise NoRuns(f"no finished run {prefix}_seed* under {runs / study}")
     return found
 
 
@@ -177,17 +184,22 @@ def _lr_runs(study: Path, prefix: str) -> dict[float, dict[int, float]]:
     from vitlab.experiments.lr_sensitivity import capped_loss
 
     pattern = re.compile(rf"{re.escape(prefix)}_lr([0-9.e+-]+)_seed(\d+)")
+    # the study's class count from any run's config (a run that diverged in its first epoch saved none)
+    configs = sorted(study.glob("*/config.json"))
+    if not configs:
+        raise ValueError(f"no run under {study} kept its config.json; restore the records (findings_tables.py "
+                         "--keep-runs)")
+    classes = json.loads(configs[0].read_text())["model"]["num_classes"]
     out: dict[float, dict[int, float]] = {}
     for run in sorted(study.iterdir()):
         m = pattern.fullmatch(run.name)
         if not m or not (run / "summary.json").is_file():
             continue
         summary = json.loads((run / "summary.json").read_text())
-        classes = json.loads((run / "config.json").read_text())["model"]["num_classes"]
         row = {"val_loss": summary.get("final_val_loss", math.nan), "diverged": summary.get("diverged") is True}
         out.setdefault(float(m.group(1)), {})[int(m.group(2))] = capped_loss(row, math.log(classes))
     if not out:
-        raise FileNotFoundError(f"no finished run {prefix}_lr*_seed* under {study}")
+        raise NoRuns(f"no finished run {prefix}_lr*_seed* under {study}")
     return out
 
 
@@ -247,7 +259,7 @@ def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
     try:
         a = values(claim.a)
         b = values(claim.b) if claim.measure != "similarity" else []
-    except FileNotFoundError:  # a study still running: the claim is on the page, its runs are not yet
+    except NoRuns:  # a study still running: the claim is on the page, its runs are not yet
         if claim.section != "7":
             raise
         return _one_run_row(claim, unit, [], [], lower)
@@ -269,14 +281,17 @@ def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
         seeds = f"{len(a)}/{len(b)}"
         mde = stats.mde_welch(len(a), len(b), sd)
         comparison = f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}"
-        if claim.margin:
+        if claim.noninferior:
+            v = stats.verdict(c.ci_low + claim.margin, c.ci_high + claim.margin)
+            target = abs(c.effect + claim.margin)
+        elif claim.margin:
             v = stats.equivalence_verdict(stats.tost(a, b, claim.margin), c.ci_low, c.ci_high)
             target = claim.margin / 2
         else:
             v = stats.verdict(c.ci_low, c.ci_high)
             target = abs(c.effect)
         decide = _runs_to_decide(target, sd) if v == stats.UNDECIDED else ""
-    test = c.test + (f" + TOST (margin {claim.margin:g})" if claim.margin else "")
+    test = c.test + _margin_test(claim)
     return {"id": claim.id, "part": claim.part, "section": claim.section, "claim": claim.claim,
             "comparison": comparison, "unit": unit, "effect": f"{c.effect:.4g}", "ci_low": f"{c.ci_low:.4g}",
             "ci_high": f"{c.ci_high:.4g}", "p": f"{c.p:.3g}", "test": test, "seeds": seeds,
@@ -312,7 +327,11 @@ def _paired_row(claim: Claim, correct_a: list[bool], correct_b: list[bool], seed
     diff = [100 * (float(x) - float(y)) for x, y in zip(correct_a, correct_b)]
     mde = stats.mde_paired(statistics.pstdev(diff), len(diff)) if any(diff) else 0.0
     test = "paired bootstrap + McNemar over (seed, image) pairs"
-    if claim.margin:
+    if claim.noninferior:
+        v = stats.verdict(100 * c.ci_low + claim.margin, 100 * c.ci_high + claim.margin)
+        test += _margin_test(claim)
+        target = abs(100 * c.effect + claim.margin)
+    elif claim.margin:
         c90 = stats.paired(correct_a, correct_b, confidence=0.90)
         eq = stats.Equivalence(100 * c90.effect, 100 * c90.ci_low, 100 * c90.ci_high, math.nan, claim.margin,
                                -claim.margin < 100 * c90.ci_low and 100 * c90.ci_high < claim.margin)
@@ -333,6 +352,14 @@ def _paired_row(claim: Claim, correct_a: list[bool], correct_b: list[bool], seed
             "verdict": v, "runs_to_decide": decide}
 
 
+def _margin_test(claim: Claim) -> str:
+    """What the test column adds for a claim with a margin: TOST, or the non-inferiority shift."""
+    if not claim.margin:
+        return ""
+    kind = "non-inferiority" if claim.noninferior else "TOST"
+    return f" + {kind} (margin {claim.margin:g})"
+
+
 def _one_run_row(claim: Claim, unit: str, a: list[float], b: list[float], lower: bool) -> dict[str, str]:
     """The row of a claim whose arms have one run so far (or none: a study still running): the effect, no interval,
     *undecided* by the rule."""
@@ -341,7 +368,7 @@ def _one_run_row(claim: Claim, unit: str, a: list[float], b: list[float], lower:
             "comparison": f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}", "unit": unit,
             "effect": f"{effect:.4g}", "ci_low": "nan", "ci_high": "nan", "p": "nan",
             "test": "none yet (a test needs 2 runs per arm)"
-            + (f" + TOST (margin {claim.margin:g})" if claim.margin else ""),
+            + _margin_test(claim),
             "seeds": f"{len(a)}/{len(b)}", "mde": "nan", "margin": f"{claim.margin:g}" if claim.margin else "",
             "verdict": stats.UNDECIDED,
             "runs_to_decide": "unknown: 1 run per arm" if a and b else "unknown: not run yet"}

@@ -267,7 +267,10 @@ def test_every_verdict_follows_the_rule() -> None:
             assert r["runs_to_decide"], r["id"]
             continue
         assert lo <= float(r["effect"]) <= hi, r["id"]
-        if r["margin"]:  # equivalence: TOST, never the difference rule
+        if r["margin"] and "non-inferiority" in r["test"]:  # the difference rule on the interval + margin
+            m = float(r["margin"])
+            assert r["verdict"] == stats.verdict(lo + m, hi + m), r["id"]
+        elif r["margin"]:  # equivalence: TOST, never the difference rule
             assert "TOST" in r["test"], r["id"]
             if r["verdict"] == stats.CONTRADICTED:
                 assert lo >= float(r["margin"]) or hi <= -float(r["margin"]), r["id"]

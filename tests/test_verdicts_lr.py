@@ -80,3 +80,53 @@ def test_one_run_per_arm_gives_an_effect_but_no_interval_and_no_verdict(tmp_path
                              "lr_sensitivity/vit_depth4@best"), runs)
     assert row["verdict"] == "undecided" and row["ci_low"] == "nan" and row["seeds"] == "1/1"
     assert float(row["effect"]) == pytest.approx(20.0)
+
+
+def test_a_run_that_diverged_before_saving_its_config_still_counts(tmp_path):
+    v = load_script("verdicts")
+    runs = _records(tmp_path)
+    (runs / "lr_sensitivity" / "vit_depth4_lr0.01_seed2" / "config.json").unlink()  # diverged in its first epoch
+    sens = v.lr_sensitivities("lr_sensitivity/vit_depth4", runs)
+    assert sens[2] == pytest.approx((1.0 + 0.52 + math.log(10)) / 3 - 0.52)
+
+
+def test_a_no_worse_than_claim_follows_the_difference_rule_shifted_by_its_margin(tmp_path):
+    v = load_script("verdicts")
+    runs = _records(tmp_path)
+    better = v.evaluate(v.Claim("n", "7", "LayerScale no worse than the ViT", "lr_sensitivity/layerscale_depth4@best",
+                                "lr_sensitivity/vit_depth4@best", margin=1.0, noninferior=True), runs)
+    assert better["verdict"] == "reproduced" and "non-inferiority (margin 1)" in better["test"]
+    worse = v.evaluate(v.Claim("w", "7", "the ViT no worse than LayerScale", "lr_sensitivity/vit_depth4@best",
+                               "lr_sensitivity/layerscale_depth4@best", margin=1.0, noninferior=True), runs)
+    assert worse["verdict"] == "contradicted"  # 20 points worse: far beyond the 1-point margin
+    as_good = v.evaluate(v.Claim("e", "7", "as good as", "lr_sensitivity/layerscale_depth4@best",
+                                 "lr_sensitivity/vit_depth4@best", margin=1.0), runs)
+    assert as_good["verdict"] == "contradicted" and "TOST" in as_good["test"]  # equivalence: 20 points is not
+
+
+def test_only_an_arm_without_runs_reads_as_not_run_yet(tmp_path):
+    v = load_script("verdicts")
+    runs = _records(tmp_path)
+    row = v.evaluate(v.Claim("x", "7", "c", "lr_sensitivity/deepvit_depth4@best", "lr_sensitivity/vit_depth4@best"),
+                     runs)
+    assert row["verdict"] == "undecided" and row["runs_to_decide"] == "unknown: not run yet"
+    for run in (runs / "lr_sensitivity").glob("*/config.json"):
+        run.unlink()  # a broken record is an error, never a claim "not run yet"
+    with pytest.raises(ValueError, match="kept its config.json"):
+        v.evaluate(v.Claim("y", "7", "c", "lr_sensitivity/layerscale_depth4@best", "lr_sensitivity/vit_depth4@best"),
+                   runs)
+
+
+def test_a_small_deficit_inside_the_margin_is_no_worse(tmp_path):
+    """0.5 points worse on every seed, tightly: the plain difference rule would call it worse (contradicted); within
+    a 1-point non-inferiority margin it is no worse (reproduced)."""
+    v = load_script("verdicts")
+    n = 1000
+    for seed in range(3):
+        _write_run(tmp_path, f"a_depth4_lr0.001_seed{seed}", val_loss=0.5, correct=[i >= 205 for i in range(n)])
+        _write_run(tmp_path, f"b_depth4_lr0.001_seed{seed}", val_loss=0.5, correct=[i >= 200 for i in range(n)])
+    arms = ("lr_sensitivity/a_depth4@best", "lr_sensitivity/b_depth4@best")
+    plain = v.evaluate(v.Claim("d", "7", "a beats b", *arms), tmp_path)
+    assert float(plain["effect"]) == pytest.approx(-0.5) and plain["verdict"] == "contradicted"
+    ni = v.evaluate(v.Claim("n", "7", "a no worse than b", *arms, margin=1.0, noninferior=True), tmp_path)
+    assert ni["verdict"] == "reproduced"
