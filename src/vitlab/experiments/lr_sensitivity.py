@@ -48,12 +48,10 @@ def lr_specs(base: str, depths: list[int], variants: list[str], lrs: list[float]
     return sorted(specs, key=lambda s: (s.info["seed"], -s.info["depth"], order[s.info["variant"]], s.info["lr"]))
 
 
-def _layer_logits(run_dir: Path) -> list[dict[str, Any]]:
-    """``[{epoch, layer, max_logit}]`` from a run's ``metrics.jsonl`` probe columns (``probe/max_logit/block<i>``)."""
-    from vitlab.train.logging import read_metrics
-
+def _layer_logits(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``[{epoch, layer, max_logit}]`` from a run's metrics rows' probe columns (``probe/max_logit/block<i>``)."""
     out = []
-    for row in read_metrics(run_dir):
+    for row in metrics:
         for name, value in row.items():
             parts = name.split("/")
             if len(parts) == 3 and parts[:2] == ["probe", "max_logit"] and parts[2].startswith("block"):
@@ -61,20 +59,21 @@ def _layer_logits(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["epoch"] or 0, r["layer"]))
 
 
-def _last_train_loss(run_dir: Path) -> float:
-    from vitlab.train.logging import read_metrics
-
-    losses = [r["train_loss"] for r in read_metrics(run_dir) if isinstance(r.get("train_loss"), int | float)]
+def _last_train_loss(metrics: list[dict[str, Any]]) -> float:
+    losses = [r["train_loss"] for r in metrics if isinstance(r.get("train_loss"), int | float)]
     return float(losses[-1]) if losses else math.nan
 
 
 def result_row(spec: RunSpec, summary: dict, run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One row of results.csv and the run's max attention logit per layer and epoch."""
     key = {k: spec.info[k] for k in ("variant", "depth", "lr", "seed")}
-    layers = [] if failed(summary) else _layer_logits(run_dir)
+    from vitlab.train.logging import read_metrics
+
+    metrics = [] if failed(summary) else list(read_metrics(run_dir))  # read once: logits and the last loss
+    layers = _layer_logits(metrics)
     row = {**key, "val_loss": summary_value(summary, "final_val_loss"), "val_acc": summary_value(summary, "val_acc"),
            "test_acc": summary_value(summary, "test_acc"),
-           "train_loss": math.nan if failed(summary) else _last_train_loss(run_dir),
+           "train_loss": _last_train_loss(metrics),
            "max_logit": max((r["max_logit"] for r in layers if _finite(r["max_logit"])), default=math.nan),
            "diverged": diverged(summary), "failed": failed(summary),
            "diverged_epoch": (summary.get("diverged_at") or {}).get("epoch") if diverged(summary) else None,
