@@ -496,11 +496,13 @@ def test_depth_study_variants_share_the_width():
     from vitlab.experiments.depth_study import depth_specs
 
     specs = depth_specs("vit_mnist", [2], ["vit", "cait"], [0, 1], RunConfig(), {"global_pool": "token"})
-    assert [s.name for s in specs] == ["vit_depth2_seed0", "vit_depth2_seed1", "cait_depth2_seed0",
-                                       "cait_depth2_seed1"]
-    assert specs[1].config.model_overrides == {"depth": 2, "gate": "none", "global_pool": "token"}
-    assert specs[1].config.seed == 1 and specs[2].config.model == "cait_xxs24"
-    assert json.loads(specs[2].info["overrides"])["global_pool"] == "token"
+    assert [s.name for s in specs] == ["vit_depth2_seed0", "cait_depth2_seed0", "vit_depth2_seed1",
+                                       "cait_depth2_seed1"]  # seed-major: a study stopped early has whole seeds
+    assert specs[2].config.model_overrides == {"depth": 2, "gate": "none", "global_pool": "token"}
+    assert specs[2].config.seed == 1 and specs[1].config.model == "cait_xxs24"
+    assert json.loads(specs[1].info["overrides"])["global_pool"] == "token"
+    deep = depth_specs("vit_mnist", [2, 6], ["vit", "cait"], [0, 1], RunConfig())
+    assert [s.name for s in deep][:3] == ["vit_depth6_seed0", "cait_depth6_seed0", "vit_depth2_seed0"]
     wide = depth_specs("vit_mnist", [2], ["vit", "cait"], [0], RunConfig(), {"embed_dim": 32, "num_heads": 4})
     assert [get_config(s.config.model, **s.config.model_overrides).embed_dim for s in wide] == [32, 32]
     with pytest.raises(ConfigError, match="--set gate would change"):

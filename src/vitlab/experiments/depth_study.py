@@ -8,7 +8,7 @@ this machine holds. Every variant shares the base preset's width, heads, image a
 Accuracy is the final epoch's on the test set; with ``--val-split`` also the final and best validation accuracy
 (the best epoch chosen on the held-out training images, never on the test set).
 
-One file (about 420 lines): the variants table, the plan and the result rows of one study; diagnostics and
+One file (about 450 lines): the variants table, the plan and the result rows of one study; diagnostics and
 figures live in :mod:`vitlab.analysis`.
 """
 
@@ -131,7 +131,7 @@ def variant_model(variant: str, base: str, depth: int) -> tuple[str, dict[str, A
 def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: list[int], cfg: Any,
                 shared: dict[str, Any] | None = None,
                 rates: dict[tuple[str, int], float] | None = None) -> list[RunSpec]:
-    """One run per variant, depth and seed, all with the recipe of ``cfg`` and the model options ``shared``
+    """One run per variant, depth and seed (seed-major, deepest first), all with the recipe of ``cfg`` and the model options ``shared``
     (which must not touch what the variants set: depth, gate, attn, init_values...); ``rates``: each variant and
     depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.rates.best_rates`)."""
     from vitlab.models import get_config
@@ -158,7 +158,10 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
                         "overrides": json.dumps(overrides, sort_keys=True),
                         "run_options": json.dumps(run_options, sort_keys=True)}
                 specs.append(RunSpec(f"{variant}_depth{depth}_seed{seed}", run_cfg.replace(seed=seed), info))
-    return specs
+    # seed-major and deepest first: a study stopped early holds whole seeds, and the longest runs start first, so
+    # parallel workers finish together (the order changes no run: each run's name and config are its own)
+    order = {v: i for i, v in enumerate(variants)}
+    return sorted(specs, key=lambda s: (s.info["seed"], -s.info["depth"], order[s.info["variant"]]))
 
 
 VALUES = ("test_acc", "train_time_s", "train_cpu_s") + DIAG_VALUES  # with a validation split also table.VALIDATION
