@@ -113,6 +113,11 @@ def test_model_probe_per_layer_and_mode_restored():
     assert p.max_logit[0] == pytest.approx(float(logits[0].max()), rel=1e-5)
     cols = p.columns()
     assert cols["probe/max_logit/block1"] == pytest.approx(p.max_logit[1])
+    # the studies read the columns back per layer: the inverse gives every row's values, other columns ignored
+    back = probes.layer_columns({**cols, "epoch": 3, "train_loss": 0.5, "probe/max_logit/blockx": 1.0})
+    assert sorted(back) == [0, 1]
+    assert back == {r["layer"]: {k: pytest.approx(v, nan_ok=True) for k, v in r.items() if k != "layer"}
+                    for r in p.rows()}
     assert len(p.rows()) == 2 and {"norm_q50", "norm_max", "attn_entropy_min_head"} <= set(p.rows()[0])
 
 

@@ -190,6 +190,17 @@ class Probes:
         return out
 
 
+def layer_columns(row: dict[str, Any], prefix: str = "probe") -> dict[int, dict[str, Any]]:
+    """``{layer: {probe: value}}`` from the ``{prefix}/{probe}/block{i}`` columns of one metrics row: the inverse of
+    :meth:`ProbeResult.columns` (the studies read their runs' per-epoch probes back with it)."""
+    out: dict[int, dict[str, Any]] = {}
+    for name, value in row.items():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == prefix and parts[2].startswith("block") and parts[2][5:].isdigit():
+            out.setdefault(int(parts[2][5:]), {})[parts[1]] = value
+    return out
+
+
 @contextlib.contextmanager
 def _block_records(blocks: list[nn.Module]) -> Any:
     """Per block: its input and output tokens and its attention's maps, pre-mix maps and logits."""

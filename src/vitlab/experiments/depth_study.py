@@ -131,9 +131,9 @@ def variant_model(variant: str, base: str, depth: int) -> tuple[str, dict[str, A
 def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: list[int], cfg: Any,
                 shared: dict[str, Any] | None = None,
                 rates: dict[tuple[str, int], float] | None = None) -> list[RunSpec]:
-    """One run per variant, depth and seed (seed-major, deepest first), all with the recipe of ``cfg`` and the model options ``shared``
-    (which must not touch what the variants set: depth, gate, attn, init_values...); ``rates``: each variant and
-    depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.rates.best_rates`)."""
+    """One run per variant, depth and seed (seed-major, deepest first), all with the recipe of ``cfg`` and the model
+    options ``shared`` (which must not touch what the variants set: depth, gate, attn, init_values...); ``rates``:
+    each variant and depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.rates.best_rates`)."""
     from vitlab.models import get_config
 
     specs = []
@@ -203,19 +203,13 @@ def per_layer_rows(spec: RunSpec, diag: dict[str, Any]) -> tuple[list[dict], lis
 def probe_rows(spec: RunSpec, diag: dict[str, Any], run_dir: Path) -> tuple[list[dict], list[dict]]:
     """The per-layer probes of one run: at the end (its diagnostics images) and per epoch (the probe columns of its
     ``metrics.jsonl``: the first ``probe_images`` training images), keyed by variant, depth and seed."""
+    from vitlab.analysis.probes import layer_columns
     from vitlab.train.logging import read_metrics
 
     key = {k: spec.info[k] for k in ("variant", "depth", "seed")}
     end = [{**key, **r} for r in diag.get("probes", [])]
-    epochs = []
-    for row in read_metrics(run_dir):
-        per_layer: dict[int, dict[str, Any]] = {}
-        for name, value in row.items():
-            parts = name.split("/")
-            if len(parts) == 3 and parts[0] == "probe" and parts[2].startswith("block"):
-                per_layer.setdefault(int(parts[2][5:]), {})[parts[1]] = value
-        epochs += [{**key, "epoch": row.get("epoch"), "layer": layer, **values}
-                   for layer, values in sorted(per_layer.items())]
+    epochs = [{**key, "epoch": row.get("epoch"), "layer": layer, **values}
+              for row in read_metrics(run_dir) for layer, values in sorted(layer_columns(row).items())]
     return end, epochs
 
 

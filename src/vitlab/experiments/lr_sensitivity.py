@@ -50,12 +50,10 @@ def lr_specs(base: str, depths: list[int], variants: list[str], lrs: list[float]
 
 def _layer_logits(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``[{epoch, layer, max_logit}]`` from a run's metrics rows' probe columns (``probe/max_logit/block<i>``)."""
-    out = []
-    for row in metrics:
-        for name, value in row.items():
-            parts = name.split("/")
-            if len(parts) == 3 and parts[:2] == ["probe", "max_logit"] and parts[2].startswith("block"):
-                out.append({"epoch": row.get("epoch"), "layer": int(parts[2][5:]), "max_logit": value})
+    from vitlab.analysis.probes import layer_columns
+
+    out = [{"epoch": row.get("epoch"), "layer": layer, "max_logit": values["max_logit"]}
+           for row in metrics for layer, values in layer_columns(row).items() if "max_logit" in values]
     return sorted(out, key=lambda r: (r["epoch"] or 0, r["layer"]))
 
 
