@@ -45,3 +45,18 @@ def test_a_run_asking_for_that_configuration_is_named_after_it(tmp_path, capsys)
     assert json.loads((out / "config.json").read_text())["model"]["name"] == "vit_mnist_conv"
     reloaded = timm.create_model("vitlab_vit_mnist_conv", checkpoint_path=str(out / "model.safetensors"))
     assert reloaded(torch.randn(1, 1, 28, 28)).shape == (1, 10)
+
+
+def test_the_patch14_conv_preset_sees_four_tokens_and_timm_builds_it():
+    """``vit_mnist_conv_patch14``: vit_mnist_conv's stem cut into 2x2 tokens (the fast candidate for the default)."""
+    cfg = get_config("vit_mnist_conv_patch14")
+    conv = get_config("vit_mnist_conv").to_dict()
+    assert {k: v for k, v in cfg.to_dict().items() if k not in ("patch_size", "name")} == {
+        k: v for k, v in conv.items() if k not in ("patch_size", "name")} and cfg.patch_size == 14
+    ours = vitlab.create_model("vit_mnist_conv_patch14")
+    assert ours.patch_embed.num_patches == 4
+    x = torch.randn(2, 1, 28, 28)
+    assert ours.forward_features(x).shape[1] == 4 + 1  # 4 patch tokens and the class token
+    model = timm.create_model("vitlab_vit_mnist_conv_patch14")
+    assert model.pretrained_cfg["input_size"] == (1, 28, 28)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in model.parameters())

@@ -21,7 +21,8 @@ IMAGENET: Stats = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # timm.data.IM
 LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, the 3 -> 1 channel weights of vitlab.data
 # presets made for one data set: that data set's statistics (vitlab.data's table; a test keeps them equal)
 PRESET_STATS: dict[str, Stats] = {name: (CATALOG["mnist"].mean, CATALOG["mnist"].std)
-                                  for name in ("vit_mnist", "vit_mnist_gap", "vit_mnist_conv")}
+                                  for name in ("vit_mnist", "vit_mnist_gap", "vit_mnist_conv",
+                                               "vit_mnist_conv_patch14")}
 # vitlab's own pipeline resizes whole images bilinearly (no crop); timm's ViT defaults otherwise
 VITLAB_PIPELINE = {"interpolation": "bilinear", "crop_pct": 1.0}
 TIMM_VIT_PIPELINE = {"interpolation": "bicubic", "crop_pct": 0.9}

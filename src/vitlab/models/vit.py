@@ -47,6 +47,9 @@ PRESETS: dict[str, dict] = {
     # the most accurate configuration measured on mnist-5k (docs/training.md): vit_mnist_gap behind a convolutional
     # stem (Xiao et al. 2021, "Early convolutions help transformers see better"; DeepViT's conv stem), at patch 4
     "vit_mnist_conv": {**_VIT_MNIST, "global_pool": "avg", "stem": "conv", "patch_size": 4},
+    # the same stem at patch 14: the stem's 14x14 feature maps cut into 2x2 tokens, so the eight blocks see 4 tokens
+    # (vit_mnist_conv: 49); the fast candidate for the default recipe on digits (docs/training.md)
+    "vit_mnist_conv_patch14": {**_VIT_MNIST, "global_pool": "avg", "stem": "conv", "patch_size": 14},
     # ViT (Dosovitskiy et al., 2021) / DeiT sizes
     "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
