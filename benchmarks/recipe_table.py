@@ -39,7 +39,6 @@ the default as an arm, and ``note`` names the studies docs/findings.md says are 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -51,6 +50,10 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # records_csv beside this script, also loaded by path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records_csv import csv_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "runs"
@@ -353,23 +356,8 @@ def table(runs: Path = RUNS, studies: tuple[Study, ...] = STUDIES, default_arm: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=Path, default=RUNS, help="the kept run records (docs/results/runs)")
-    p.add_argument("--out", type=Path, default=OUT, help="the CSV (docs/results/recipe_choices.csv)")
-    p.add_argument("--check", action="store_true", help="exit 1 when the CSV differs from what the records give")
-    args = p.parse_args(argv)
-    text = table(args.runs)
-    if args.check:
-        same = args.out.is_file() and args.out.read_text() == text
-        if not same:
-            print(f"{args.out} differs from the run records; run benchmarks/recipe_table.py", file=sys.stderr)
-        return 0 if same else 1
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({text.count(chr(10)) - 1} rows)")
-    return 0
-
+    return csv_main(argv, description=__doc__.split("\n")[0], table=table, runs=RUNS, out=OUT, what="CSV",
+                    script="recipe_table.py", written=lambda text: f"{text.count(chr(10)) - 1} rows")
 
 if __name__ == "__main__":
     raise SystemExit(main())

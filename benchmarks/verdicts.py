@@ -29,7 +29,6 @@ equivalence margin instead).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -42,6 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlab.analysis import stats
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # records_csv beside this script, also loaded by path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records_csv import csv_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "runs"
@@ -401,23 +404,8 @@ def table(runs: Path = RUNS) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=Path, default=RUNS, help="the kept run records (docs/results/runs)")
-    p.add_argument("--out", type=Path, default=OUT, help="the verdicts CSV (docs/results/verdicts.csv)")
-    p.add_argument("--check", action="store_true", help="exit 1 when the CSV differs from what the records give")
-    args = p.parse_args(argv)
-    text = table(args.runs)
-    if args.check:
-        same = args.out.is_file() and args.out.read_text() == text
-        if not same:
-            print(f"{args.out} differs from the run records; run benchmarks/verdicts.py", file=sys.stderr)
-        return 0 if same else 1
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({len(CLAIMS)} verdicts)")
-    return 0
-
+    return csv_main(argv, description=__doc__.split("\n")[0], table=table, runs=RUNS, out=OUT, what="verdicts CSV",
+                    script="verdicts.py", written=lambda text: f"{len(CLAIMS)} verdicts")
 
 if __name__ == "__main__":
     raise SystemExit(main())
