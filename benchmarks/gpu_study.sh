@@ -8,7 +8,8 @@
 #
 # Then, in this order (STUDIES picks, default "lr fashion depth"): the learning-rate sensitivity study of
 # docs/findings.md section 7 (runs/lr_sensitivity), the Fashion-MNIST depth study of section 8 at the rates it
-# chose (runs/findings/depth_fashion; needs apt-get install dataset-fashion-mnist), the depth study (OUT).
+# chose, trained to the recipe (20 epochs, with CaiT: section 9's design; section 8 itself ran 3 epochs on the CPU)
+# (runs/findings/depth_fashion_recipe; needs apt-get install dataset-fashion-mnist), the depth study (OUT).
 #
 # Settings (environment): OUT (study folder; default runs/findings/depth, smoke: a temporary folder), LR_OUT and
 # FASHION_OUT (the other two studies' folders), FASHION_DIR (the idx files; default the Debian package's),
@@ -48,7 +49,7 @@ else
     TINY=(--epochs 1 --no-progress)
     DEPTHS=6,12,24,36; VARIANTS=vit,layerscale,rezero,skipinit,fixup,tfixup,cait,deepvit
     STUDY_SET=()
-    LR_OUT=${LR_OUT:-runs/lr_sensitivity}; FASHION_OUT=${FASHION_OUT:-runs/findings/depth_fashion}
+    LR_OUT=${LR_OUT:-runs/lr_sensitivity}; FASHION_OUT=${FASHION_OUT:-runs/findings/depth_fashion_recipe}
     FASHION_DATA=(--dataset fashion-mnist --data-dir "$FASHION_DIR")
     LR_ARGS=(--depths 6,12,24,48 --lrs 3e-4,7e-4,2e-3,5e-3,1e-2 --variants vit,layerscale,cait,deepvit,rezero,fixup,tfixup
              --seeds 3 --epochs 3 --run-set warmup_epochs=1 --no-augment --val-split 0.1 --no-progress)
