@@ -168,6 +168,8 @@ CLAIMS = (
     # rate of section 7; arms share seeds and the 10,000 test images, so every row is paired per image
     Claim("fashion-ls-vit-24", "8", "LayerScale beats the plain ViT at 24 blocks on Fashion-MNIST, each at its best "
           "learning rate", "depth_fashion/layerscale_depth24", "depth_fashion/vit_depth24"),
+    Claim("fashion-ls-vit-24-same-lr", "8", "LayerScale beats the plain ViT at 24 blocks on Fashion-MNIST at the same "
+          "learning rate (2e-3, the ViT's)", "depth_fashion_same_lr/layerscale_depth24", "depth_fashion/vit_depth24"),
     Claim("fashion-ls-vit-12", "8", "LayerScale beats the plain ViT at 12 blocks on Fashion-MNIST, each at its best "
           "learning rate", "depth_fashion/layerscale_depth12", "depth_fashion/vit_depth12"),
     Claim("fashion-ls-24-6", "8", "depth pays off with LayerScale: 24 blocks beat 6 on Fashion-MNIST",
