@@ -703,6 +703,8 @@ def test_depth_study_command(tmp_path: Path, monkeypatch):
     assert float(rows[1]["mean_similarity"]) == pytest.approx(sa["mean_similarity"])
     ratios = [r for r in read_rows(out / "residual_ratios.csv") if r["variant"] == "cait" and r["depth"] == "2"]
     assert [r["kind"] for r in ratios] == ["self_attention"] * 2 + ["class_attention"] * 2
+    assert [(r["variant"], r["depth"]) for r in read_rows(out / "summary.csv")] == [
+        ("layerscale", "1"), ("layerscale", "2"), ("cait", "1"), ("cait", "2")]  # trained deepest first, read in order
     summary = {(r["variant"], r["depth"]): r for r in read_rows(out / "summary.csv")}
     assert float(summary[("cait", "2")]["test_acc_mean"]) == pytest.approx(float(rows[3]["test_acc"]))
     report = json.loads((out / "cait_depth2_seed0" / "analysis" / "summary.json").read_text())

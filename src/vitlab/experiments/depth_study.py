@@ -407,6 +407,9 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared, rates)
     out = check_output(config.output, "depth-study", force=config.force)
     pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only, executor=config.executor)
+    # the tables by variant, then depth, then seed, whatever order the runs trained in
+    order = {v: i for i, v in enumerate(variants)}
+    pairs = sorted(pairs, key=lambda p: (order[p[0].info["variant"]], p[0].info["depth"], p[0].info["seed"]))
     depths = sorted({spec.info["depth"] for spec, _ in pairs})  # --finished-only: the depths that have runs
 
     _, test = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=base_model.img_size,
