@@ -77,8 +77,10 @@ def test_short_run_writes_every_output(short_run):
     assert summary["final_test_acc"] == rows[-1]["test_acc"]
     assert summary["best_test_acc"] == max(r["test_acc"] for r in rows)
     assert summary["steps"] == 2 * 4 and summary["train_images_per_second"] > 0 and summary["wall_time_s"] > 0
-    # CPU seconds of the steps: counted, and at most what the process's threads could spend in the steps' time
-    assert 0 < summary["train_cpu_s"] <= summary["train_time_s"] * torch.get_num_threads() * 1.1 + 0.05
+    # CPU seconds of the steps: counted, and at most what the process could spend in the steps' time on this
+    # machine's cores (process CPU time includes threads beside torch's intra-op pool: 0.30 s in 0.23 s was seen
+    # with one torch thread on a 2-core AMD EPYC Zen 3)
+    assert 0 < summary["train_cpu_s"] <= summary["train_time_s"] * (os.cpu_count() or 1) * 1.1 + 0.05
     model = load_model(short_run)
     assert summary["params"] == sum(p.numel() for p in model.parameters())
     assert summary["macs"] == model.flop_count() and summary["flops"] == 2 * summary["macs"]
