@@ -190,9 +190,8 @@ def run_dirs(arm: str, runs: Path = RUNS) -> list[Path]:
         return run_dirs(f"{study}/{prefix}_lr{best_lr(runs / study, prefix):g}", runs)
     study, prefix = arm.split("/", 1)
     pattern = re.compile(rf"{re.escape(prefix)}_seed=?\d+")
-    folder = runs / study
-    found = sorted(p for p in folder.iterdir() if pattern.fullmatch(p.name) and (p / "summary.json").is_file()) if (
-        folder.is_dir()) else []
+    folder = runs / study  # absent until a study's first run is kept: no runs yet
+    found = sorted(p for p in folder.glob("*") if pattern.fullmatch(p.name) and (p / "summary.json").is_file())
     if not found:
         raise NoRuns(f"no finished run {prefix}_seed* under {runs / study}")
     return found

@@ -192,7 +192,7 @@ class Probes:
 
 def layer_columns(row: dict[str, Any], prefix: str = "probe") -> dict[int, dict[str, Any]]:
     """``{layer: {probe: value}}`` from the ``{prefix}/{probe}/block{i}`` columns of one metrics row: the inverse of
-    :meth:`ProbeResult.columns` (the studies read their runs' per-epoch probes back with it)."""
+    :meth:`Probes.columns` (the studies read their runs' per-epoch probes back with it)."""
     out: dict[int, dict[str, Any]] = {}
     for name, value in row.items():
         parts = name.split("/")
