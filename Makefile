@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/vitlab train --model vit_mnist --dataset mnist-5k
+	$(BIN)/vitlab train --dataset mnist-5k
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

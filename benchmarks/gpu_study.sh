@@ -6,10 +6,11 @@
 #   benchmarks/gpu_study.sh                 # on the GPU: checks, then the whole study (hours)
 #   benchmarks/gpu_study.sh --smoke         # anywhere, on the CPU, in seconds: every step end to end, tiny
 #
-# Then, in this order (STUDIES picks, default "lr fashion depth"): the learning-rate sensitivity study of
-# docs/findings.md section 7 (runs/lr_sensitivity), the Fashion-MNIST depth study of section 8 at the rates it
-# chose, trained to the recipe (20 epochs, with CaiT: section 9's design; section 8 itself ran 3 epochs on the CPU)
-# (runs/findings/depth_fashion_recipe; needs apt-get install dataset-fashion-mnist), the depth study (OUT).
+# Then, in this order (STUDIES picks, default "lr fashion depth"; STUDIES= set empty runs the checks alone): the
+# learning-rate sensitivity study of docs/findings.md section 7 (runs/lr_sensitivity), the Fashion-MNIST depth
+# study of section 8 at the rates it chose, trained to the recipe (20 epochs, with CaiT: section 9's design;
+# section 8 itself ran 3 epochs on the CPU) (runs/findings/depth_fashion_recipe; needs apt-get install
+# dataset-fashion-mnist), the depth study (OUT).
 #
 # Settings (environment): OUT (study folder; default runs/findings/depth, smoke: a temporary folder), LR_OUT and
 # FASHION_OUT (the other two studies' folders), FASHION_DIR (the idx files; default the Debian package's),
@@ -25,7 +26,7 @@ VITLAB=("$PY" -m vitlab)
 SEEDS=${SEEDS:-5}
 WORKERS=${WORKERS:-4}
 EXECUTOR=${EXECUTOR:-local}
-STUDIES=${STUDIES:-lr fashion depth}
+STUDIES=${STUDIES-lr fashion depth}  # set but empty: the checks alone (":-" would run every study)
 FASHION_DIR=${FASHION_DIR:-/usr/share/datasets/fashion-mnist}
 
 if [ "$SMOKE" = 1 ]; then

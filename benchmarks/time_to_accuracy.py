@@ -61,7 +61,7 @@ from vitlab.data import load_dataset, normalization, normalize
 from vitlab.errors import VitlabError
 from vitlab.perf import cpu_model
 from vitlab.train.batches import holdout, subset
-from vitlab.train.config import RunConfig
+from vitlab.train.config import RunConfig, default_model
 from vitlab.train.engine import train
 
 DATASETS = ("mnist-5k", "fashion-mnist")
@@ -221,7 +221,7 @@ def run_vitlab(seed: int, epochs: int | None, limit_train: int | None, limit_tes
                val_split: float | None = None) -> tuple[list[dict[str, float]], dict[str, Any], str]:
     """``vitlab train`` with the defaults (only the seed, the device, the data and the smoke test's sizes are
     set); returns the rows (as :func:`run_timm`'s), the recipe the defaults chose and the model they trained."""
-    cfg = RunConfig(seed=seed, epochs=epochs, limit_train=limit_train, limit_test=limit_test, progress=False,
+    cfg = RunConfig(model=default_model(dataset), seed=seed, epochs=epochs, limit_train=limit_train, limit_test=limit_test, progress=False,
                     device=device, dataset=dataset, data_dir=data_dir, download=False, val_split=val_split,
                     output=str(workdir / f"vitlab_seed{seed}"))
     result = train(cfg)

@@ -25,10 +25,11 @@ def _flag(name: str) -> str:
 
 def run_args(*, model: str | None = None, depth: int = TINY_MODEL["depth"], embed_dim: int = TINY_MODEL["embed_dim"],
              num_heads: int = TINY_MODEL["num_heads"], **options: Any) -> list[str]:
-    """``vitlab train`` arguments of a tiny run: ``--model`` (when given) and the architecture flags first, then
-    the data sizes of :data:`TINY_DATA` unless overridden, then ``options`` in order (``x=True`` is ``--x``,
-    ``x=False`` is ``--no-x``, anything else ``--x value``; underscores become dashes)."""
-    args = ["--model", model] if model else []
+    """``vitlab train`` arguments of a tiny run: ``--model`` (default vit_mnist, not the command's default model on
+    digits) and the architecture flags first, then the data sizes of :data:`TINY_DATA` unless overridden, then
+    ``options`` in order (``x=True`` is ``--x``, ``x=False`` is ``--no-x``, anything else ``--x value``; underscores
+    become dashes)."""
+    args = ["--model", model or "vit_mnist"]  # the plain ViT: the tiny runs' sizes are vit_mnist's overrides
     args += ["--depth", str(depth), "--embed-dim", str(embed_dim), "--num-heads", str(num_heads)]
     return args + option_args(**{**TINY_DATA, **options})
 

@@ -1,8 +1,9 @@
-"""The model a default `vitlab train` trains on digits and clothing is a named preset, ``vit_mnist_gap`` (vit_mnist
-read out by average pooling with fc_norm): the run's first line and its config.json name it, so that
-``timm.create_model("vitlab_vit_mnist_gap", checkpoint_path=...)``, timm's validate.py and `vitlab eval` build that
-model from the name alone. The run config keeps what the user typed (``vit_mnist``), and the weights are the ones the
-unnamed model of before trained."""
+"""The model `vitlab train` trains is a named preset. With no --model, on digits that is ``vit_mnist_conv_patch14``
+(the recipe's default model) and elsewhere ``vit_mnist``, which the recipe reads out by average pooling with fc_norm
+on digits and clothing and so names ``vit_mnist_gap``: the run's first line and its config.json name it, so that
+``timm.create_model("vitlab_<name>", checkpoint_path=...)``, timm's validate.py and `vitlab eval` build that model from
+the name alone. The run config keeps what the user typed (``vit_mnist``), and the weights are the ones the unnamed
+model of before trained."""
 
 from __future__ import annotations
 
@@ -25,26 +26,58 @@ from vitlab.cli import main
 from vitlab.data import load_dataset, normalize
 from vitlab.experiments.runs import changed_options
 from vitlab.train.batches import subset
-from vitlab.train.config import RunConfig, for_data, resolve_run_model
+from vitlab.train.config import RunConfig, default_model, for_data, resolve_run_model
 from vitlab.train.run_model import INIT_STREAM, build_run_model
 from vitlab.train.seeding import derive_seed
 
 TINY = option_args(limit_train=64, limit_test=64, epochs=1, batch_size=16, progress=False)
+DEFAULT_LINE = "vitlab train: vit_mnist_conv_patch14 (0.68M params) on mnist-5k ("
 FIRST_LINE = "vitlab train: vit_mnist_gap (vit_mnist with the recipe's global_pool=avg; 0.40M params) on mnist-5k ("
 
 
-def train(out: Path, *args: str) -> str:
-    """A tiny `vitlab train` run in this process with ``args`` (no --model: the default); its first line."""
+def train(out: Path, *args: str, model: str | None = "vit_mnist") -> str:
+    """A tiny `vitlab train` run in this process of ``model`` (None: no --model, the command's default) with
+    ``args``; its first line."""
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        assert main(["train", *TINY, *args, "--output", str(out)]) == 0
+        assert main(["train", *(["--model", model] if model else []), *TINY, *args, "--output", str(out)]) == 0
     return stdout.getvalue().splitlines()[0]
 
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory) -> tuple[Path, str]:
+    """vit_mnist as the recipe trains it on digits: named vit_mnist_gap."""
     out = tmp_path_factory.mktemp("default") / "run"
     return out, train(out)
+
+
+def test_no_model_option_trains_the_digits_default_and_timm_loads_it_by_name(tmp_path) -> None:
+    run = tmp_path / "run"
+    first = train(run, model=None)
+    assert first.startswith(DEFAULT_LINE), first
+    config = read_config(run)
+    assert config["model"]["name"] == config["run"]["model"] == "vit_mnist_conv_patch14"
+    assert config["model"]["stem"] == "conv" and config["model"]["patch_size"] == 14
+    # a default-trained checkpoint through timm.create_model with the name alone, no other argument
+    by_name = timm.create_model("vitlab_vit_mnist_conv_patch14", checkpoint_path=str(run / "model.safetensors"))
+    _, test = load_dataset("mnist-5k", img_size=28, in_chans=1)
+    data = config["run"]["data"]
+    x = normalize(subset(test, 16).images, data["mean"], data["std"])
+    with torch.no_grad():
+        assert torch.equal(by_name.eval()(x), load_model(run).eval()(x))
+    assert main(["eval", "--checkpoint", str(run)]) == 0
+    # resumed, the run keeps its own model, whatever the default
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
+    assert read_config(run)["run"]["model"] == "vit_mnist_conv_patch14"
+
+
+def test_the_default_model_by_kind_of_image(monkeypatch) -> None:
+    assert [default_model(d) for d in ("mnist-5k", "MNIST", "fashion-mnist", "cifar10", "imagefolder:x")] == \
+        ["vit_mnist_conv_patch14", "vit_mnist_conv_patch14", "vit_mnist", "vit_mnist", "vit_mnist"]
+    assert RunConfig().model == "vit_mnist"  # the library's default (the studies') stays the plain ViT
+    # the command and the time-to-accuracy benchmark take it from the same table
+    monkeypatch.setitem(run_config_module.DEFAULT_MODELS, "clothing", "vit_mnist_conv")
+    assert default_model("fashion-mnist") == "vit_mnist_conv"
 
 
 def test_a_default_run_trains_and_names_vit_mnist_gap(default_run) -> None:

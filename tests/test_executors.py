@@ -356,3 +356,14 @@ def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) 
     with open(tmp_path / "fashion" / "results.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 2 and all(json.loads(r["run_options"])["lr"] == best[("vit", r["depth"])] for r in rows)
+
+
+def test_the_gpu_study_script_with_studies_set_empty_runs_the_checks_alone(tmp_path: Path) -> None:
+    """``STUDIES= benchmarks/gpu_study.sh``: the checks and one run, no study (an empty value is not "unset")."""
+    env = {**os.environ, "PYTHON": sys.executable, "STUDIES": "", "OUT": str(tmp_path / "depth"),
+           "LR_OUT": str(tmp_path / "lr"), "FASHION_OUT": str(tmp_path / "fashion")}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_study.sh"), "--smoke"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "bf16 autocast" in proc.stdout and "== 2. train, eval and analyze" in proc.stdout
+    assert "== 3" not in proc.stdout and not any((tmp_path / d).exists() for d in ("depth", "lr", "fashion"))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 import struct
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -308,5 +310,13 @@ def test_cpu_planning_is_a_perf_decision() -> None:
         with pytest.raises(ConfigError, match="--slices 2: the model has dropout"):
             perf.plan_training(dropout, cpu, batch_size=64, slices=2, macs=1000, tokens=tokens)
         assert perf.plan_training(dropout, cpu, batch_size=64, macs=1000, tokens=tokens) == 1
+        # a small model that cannot be sliced takes the cores as intra-op threads; one that can, one per slice
+        conv = vitlab.create_model("vit_mnist_conv_patch14", depth=1)
+        with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": "1"}):
+            os.environ.pop("OMP_NUM_THREADS", None)
+            assert perf.plan_training(conv, cpu, batch_size=64, macs=1000, tokens=token_count(conv)) == 1
+            assert torch.get_num_threads() == (os.cpu_count() or 1)
+            perf.plan_training(model, cpu, batch_size=64, slices=1, macs=1000, tokens=tokens)
+            assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)

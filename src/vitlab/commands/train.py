@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "any option and flags override it.")
     S = argparse.SUPPRESS
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=S, help="preset name (vitlab models) or timm:NAME (default vit_mnist)")
+    g.add_argument("--model", default=S, help="preset name (vitlab models) or timm:NAME (default: vit_mnist_conv_patch14 on "
+                   "digits, vit_mnist elsewhere; docs/training.md)")
     g.add_argument("--img-size", type=int, default=S)
     g.add_argument("--patch-size", type=int, default=S)
     g.add_argument("--in-chans", type=int, default=S)
@@ -139,7 +140,7 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.train.config import RunConfig
+    from vitlab.train.config import RunConfig, default_model
     from vitlab.train.engine import train
     from vitlab.train.resume import resumed_run_config
 
@@ -148,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     if resume is not None:
         cfg = resumed_run_config(resume, options, verify=getattr(args, "verify", True))
     else:
+        if "model" not in options:  # the data set's default model (a resumed run keeps its own)
+            options["model"] = default_model(str(options.get("dataset", RunConfig.dataset)))
         cfg = RunConfig.from_dict(options, "command line")
     result = train(cfg, resume=resume, verify=getattr(args, "verify", True), force=getattr(args, "force", False))
     if result.exit_code or os.environ.get("RANK", "0") != "0":
