@@ -24,6 +24,25 @@ def test_milestones_sum_seconds_until_the_first_epoch_at_the_threshold():
     assert _module().spread([3.0, None, 1.0]) == "3.0 (1.0-never)"
 
 
+def _m(s_to: float | None, total: float) -> dict:
+    return {"s_to_0.975": s_to, "total_s": total, "epochs": 60}
+
+
+def test_speedup_is_exact_when_both_reach_and_a_lower_bound_when_timm_does_not():
+    mod = _module()
+    vitlab = [_m(50.0, 400), _m(60.0, 400), _m(70.0, 400)]
+    assert mod.speedup([_m(150.0, 440), _m(180.0, 440), _m(None, 440)], vitlab, 0.975) == (3.0, "exact")
+    # timm's median seed never got there: its whole run (440 s) bounds its time from below
+    ratio, kind = mod.speedup([_m(None, 440), _m(None, 450), _m(150.0, 440)], vitlab, 0.975)
+    assert (ratio, kind) == (440 / 60, "at least")
+    assert mod.speedup([_m(150.0, 440)] * 3, [_m(None, 400), _m(None, 400), _m(50.0, 400)], 0.975) == (None, "none")
+    report = {"sides": {"timm": {"milestones": [_m(None, 440), _m(None, 450), _m(150.0, 440)]},
+                        "vitlab": {"milestones": vitlab}}}
+    mod.add_speedup(report, 0.975)
+    text = mod.speedup_text(report, 0.975)
+    assert text.startswith("at least 7.33x (timm never reached 97.5 % on 2 of 3 seeds in its 60 epochs"), text
+
+
 def test_random_affine_keeps_shape_and_moves_pixels():
     x = torch.randn(4, 1, 28, 28)
     y = _module().random_affine(x, torch.Generator().manual_seed(0), _module().TIMM_RECIPE)
@@ -38,6 +57,12 @@ def test_quick_run_writes_markdown_and_json(tmp_path, capsys):
         assert len(side["runs"]) == 1 and len(side["runs"][0]["rows"]) == 1
     text = (tmp_path / "time_to_accuracy.md").read_text()
     assert "| vitlab | 1 |" in text and "| timm | 1 |" in text and report["cpu"] in text
+    # --render writes the markdown of a report again from its JSON
+    (tmp_path / "time_to_accuracy.md").unlink()
+    assert _module().main(["--render", str(tmp_path / "time_to_accuracy.json")]) == 0
+    assert (tmp_path / "time_to_accuracy.md").read_text() == text
+    assert _module().main(["--render", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_epoch_breakdown_quick_writes_shares_that_add_up(tmp_path):

@@ -186,10 +186,12 @@ def plan_training(model: nn.Module, device: torch.device, *, batch_size: int, sl
     Slices: ``slices`` (``--slices``), else one per core (:func:`cpu_plan`) for a small model in one process when
     the batch splits into slices of at least 256 tokens, the model draws its randomness only through vitlab's
     DropPath, has no batch norm, and neither ``threads`` nor ``compile`` is given; else 1. Threads: ``threads``,
-    else one per slice when slicing, else ``OMP_NUM_THREADS`` when set, else one thread for small models (below
+    else one per slice when slicing, else ``OMP_NUM_THREADS`` when set, else one thread for a small model (below
     :data:`SMALL_MODEL_MACS` multiply-accumulates per image, ``macs``, whose tiny matmuls gain nothing from
     intra-op threads and lose much on a busy machine) that could have been sliced, and the cores shared among the
-    local processes for bigger ones and for those that cannot be sliced (batch norm, dropout, compile, torchrun). ``tokens``: tokens per image (None when not a ViT). Off the CPU: 1, and ``slices`` above 1 is refused."""
+    local processes for bigger models and for those that cannot be sliced (batch norm, dropout, compile,
+    torchrun). ``tokens``: tokens per image (None when not a ViT). Off the CPU: 1, and ``slices`` above 1 is
+    refused."""
     if device.type != "cpu":
         if slices and slices > 1:
             raise ConfigError(f"--slices {slices} is a CPU option; drop it on {device}")

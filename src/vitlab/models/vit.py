@@ -41,14 +41,15 @@ _VIT_MNIST = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_d
 
 PRESETS: dict[str, dict] = {
     "vit_mnist": _VIT_MNIST,
-    # the model `vitlab train` trains on digits and clothing by default: vit_mnist's plain ViT read out by average
-    # pooling of the patch tokens with fc_norm (timm's rule for global_pool='avg'; the class token stays a token)
+    # what `vitlab train --model vit_mnist` trains on digits and clothing (the default model on clothing): vit_mnist
+    # read out by average pooling of the patch tokens with fc_norm (timm's rule for global_pool='avg'; the class
+    # token stays a token)
     "vit_mnist_gap": {**_VIT_MNIST, "global_pool": "avg"},
     # the most accurate configuration measured on mnist-5k (docs/training.md): vit_mnist_gap behind a convolutional
     # stem (Xiao et al. 2021, "Early convolutions help transformers see better"; DeepViT's conv stem), at patch 4
     "vit_mnist_conv": {**_VIT_MNIST, "global_pool": "avg", "stem": "conv", "patch_size": 4},
     # the same stem at patch 14: the stem's 14x14 feature maps cut into 2x2 tokens, so the eight blocks see 4 tokens
-    # (vit_mnist_conv: 49); the fast candidate for the default recipe on digits (docs/training.md)
+    # (vit_mnist_conv: 49); what `vitlab train` trains on digits when no --model is given (docs/training.md)
     "vit_mnist_conv_patch14": {**_VIT_MNIST, "global_pool": "avg", "stem": "conv", "patch_size": 14},
     # ViT (Dosovitskiy et al., 2021) / DeiT sizes
     "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),

@@ -32,9 +32,9 @@ from vitlab.train.output import check_new_run, check_path
 from vitlab.train.recipes import DEIT3, RECIPES, recipe_defaults
 from vitlab.train.tracking import check_logger
 
-__all__ = ["AUGMENT_DEFAULTS", "DEFAULT_MODELS", "DEIT3", "NO_AUGMENT", "RECIPES", "RunConfig", "RunModel", "canonical_dataset",
-           "coerce", "default_model", "for_data", "load_yaml", "model_defaults", "recipe_defaults", "resolve_run_model", "settle",
-           "size_defaults"]
+__all__ = ["AUGMENT_DEFAULTS", "DEFAULT_MODELS", "DEIT3", "NO_AUGMENT", "RECIPES", "RunConfig", "RunModel",
+           "canonical_dataset", "coerce", "default_model", "for_data", "load_yaml", "model_defaults", "recipe_defaults",
+           "resolve_run_model", "settle", "size_defaults"]
 
 # Training recipe by number of training images (the first row whose bound is >= N applies).
 # The small-data row is tuned on mnist-5k (4,000 digits) with vit_mnist: batch 64 beat 128 and drop-path 0
