@@ -74,10 +74,8 @@ NO_AUGMENT: dict[str, Any] = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, tran
 # leaves the early plateau but did not reach 97.5% sooner: benchmarks/README.md, "Time to accuracy")
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "clothing": {"global_pool": "avg"},
                                              "natural": {}}
-# The model `vitlab train` trains when no --model is given, by kind of image (vit_mnist elsewhere). On digits the
-# convolutional stem at patch 14 (Xiao et al. 2021) measured best: mnist-5k validation accuracy 98.75-99.0 % against
-# vit_mnist_gap's 96.0-97.5 %, and 97.5 % reached at epoch 8-11 against 40-45 (3 seeds each, docs/training.md).
-# A recipe default, not a library one: RunConfig() and every study keep vit_mnist, the paper's plain ViT.
+# The model `vitlab train` trains with no --model, by kind of image (else vit_mnist; docs/training.md's scan). A
+# command default, not a library one: RunConfig() and every study keep vit_mnist, the paper's plain ViT.
 DEFAULT_MODELS: dict[str, str] = {"digits": "vit_mnist_conv_patch14"}
 PRESET_NEUTRAL = ("name", "num_classes", "drop_path_rate")  # no part of what a preset is: a label, data, recipe
 
