@@ -18,9 +18,9 @@ from vitlab.data import load_dataset, load_image, normalize
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ck") / "run"
-    args = ["train", "--limit-train", "256", "--limit-test", "200", "--depth", "2", "--embed-dim", "32", "--num-heads",
-            "4", "--batch-size", "64", "--epochs", "2", "--no-augment", "--lr", "3e-3", "--no-progress",
-            "--output", str(out)]
+    args = ["train", "--model", "vit_mnist", "--limit-train", "256", "--limit-test", "200", "--depth", "2",
+            "--embed-dim", "32", "--num-heads", "4", "--batch-size", "64", "--epochs", "2", "--no-augment",
+            "--lr", "3e-3", "--no-progress", "--output", str(out)]
     assert main(args) == 0
     return out
 

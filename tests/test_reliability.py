@@ -90,7 +90,8 @@ def test_bad_model_options_one_line_api_and_cli(capsys, tmp_path, overrides: dic
     api = api_error(ConfigError, vitlab.create_model, "vit_mnist", **overrides)
     assert words in api
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v).replace('NaN', '.nan')}")]
-    assert cli_error(capsys, ["train", *RUN, *sets, "--output", str(tmp_path / "o")]) == api
+    argv = ["train", "--model", "vit_mnist", *RUN, *sets, "--output", str(tmp_path / "o")]
+    assert cli_error(capsys, argv) == api
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
