@@ -37,7 +37,7 @@ CHOICES = {"arch": ARCHS, "attn": ATTNS, "gate": ("none", "layerscale", "rezero"
            "weight_init": ("trunc_normal", "xavier"), "rope_layout": ROPE_LAYOUTS, "block": BLOCKS,
            "drop_rate_at": DROP_RATE_AT}
 INTS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "reg_tokens",
-        "depth_token_only", "reattn_last")
+        "depth_token_only", "reattn_last", "stem_chans")
 BOOLS = ("qkv_bias", "qk_norm", "reattn_scale", "rope", "class_token", "pos_embed_cls", "fc_norm", "dynamic_img_size",
          "dynamic_img_pad", "pos_resample_antialias", "scale_attn_norm", "scale_mlp_norm", "sigma_reparam")
 FLOATS = ("mlp_ratio", "rope_theta", "reg_rope_theta", "init_values", "drop_rate", "attn_drop_rate",
@@ -70,6 +70,7 @@ OPTION_VALUES = {
     "reg_position": st.sampled_from(REG_POSITIONS), "pos_embed": st.sampled_from(CHOICES["pos_embed"]),
     "pos_embed_cls": st.booleans(), "global_pool": st.sampled_from(POOLS),
     "fc_norm": st.sampled_from([None, True, False]), "stem": st.sampled_from(STEMS),
+    "stem_chans": st.sampled_from([4, 8, 0]),
     "weight_init": st.sampled_from(["trunc_normal", "xavier", "jax"]),
     "drop_rate": st.sampled_from([0.0, 0.1, 1.0, -0.1]), "drop_path_rate": st.sampled_from([0.0, 0.2, 1.5]),
     "depth_token_only": st.sampled_from([0, 1, 2, -1]), "mlp_ratio_token_only": st.sampled_from([1.0, 0.0]),

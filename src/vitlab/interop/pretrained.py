@@ -120,8 +120,8 @@ def pos_slots(model: VitlabModel) -> int:
 
 
 def source_geometry(state: dict[str, Tensor], base: ModelConfig) -> dict[str, int]:
-    """``img_size``, ``patch_size``, ``in_chans`` and ``num_classes`` of the weights, read from their shapes
-    for an architecture like ``base``; fields the shapes do not show are left out."""
+    """``img_size``, ``patch_size``, ``in_chans``, ``num_classes`` (and a convolutional stem's ``stem_chans``) of the
+    weights, read from their shapes for an architecture like ``base``; fields the shapes do not show are left out."""
     out: dict[str, int] = {}
     proj = state.get("patch_embed.proj.weight")
     first = state.get("patch_embed.conv1.weight" if base.stem == "conv" else "patch_embed.proj.weight")
@@ -129,6 +129,8 @@ def source_geometry(state: dict[str, Tensor], base: ModelConfig) -> dict[str, in
         out["patch_size"] = proj.shape[-1] * (2 if base.stem == "conv" else 1)
     if first is not None and first.ndim == 4:
         out["in_chans"] = first.shape[1]
+        if base.stem == "conv":
+            out["stem_chans"] = first.shape[0]
     out["num_classes"] = state["head.weight"].shape[0] if "head.weight" in state else 0
     pos = state.get("pos_embed")
     if pos is not None and pos.ndim == 3 and "patch_size" in out:

@@ -50,8 +50,9 @@ def param_count(cfg: ModelConfig) -> int:
     """The parameters of a model of ``cfg``, counted from the config (no model is built)."""
     d, c, p = cfg.embed_dim, cfg.in_chans, cfg.patch_size
     patches = (cfg.img_size // p) ** 2
-    if cfg.stem == "conv":  # DeepViT's stem: three 64-channel convolutions, then a patch_size/2 projection
-        stem = c * 64 * 49 + 2 * 64 * 64 * 9 + 6 * 64 + 64 * d * (p // 2) ** 2 + d
+    if cfg.stem == "conv":  # DeepViT's stem: three convolutions (stem_chans, 64), then a patch_size/2 projection
+        k = cfg.stem_chans
+        stem = c * k * 49 + 2 * k * k * 9 + 6 * k + k * d * (p // 2) ** 2 + d
     else:
         stem = c * p * p * d + d
     prefix = int(cfg.class_token) + cfg.reg_tokens

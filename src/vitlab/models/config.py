@@ -85,6 +85,7 @@ class ModelConfig:
     global_pool: str = "token"  # token | avg
     fc_norm: bool | None = None  # None: as timm, norm after pooling when global_pool='avg'
     stem: str = "patch"  # patch | conv (DeepViT's convolutional stem)
+    stem_chans: int = 64  # stem='conv': the channels of its three convolutions (DeepViT's: 64)
     weight_init: str = "trunc_normal"  # linears: trunc_normal (timm's std 0.02) | xavier (uniform, not the head)
     drop_rate: float = 0.0
     drop_rate_at: str = "all"  # all: timm's places (tokens, projections, MLP, head) | head: before the head only
@@ -151,7 +152,7 @@ class ModelConfig:
         _choice("rope_layout", self.rope_layout, ROPE_LAYOUTS)
         _choice("drop_rate_at", self.drop_rate_at, DROP_RATE_AT)
         _check_types(self)
-        for key in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+        for key in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "stem_chans"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"{key} must be a positive integer, got {v!r}")

@@ -8,6 +8,8 @@ Token layout: ``[cls?, registers (front)?, patches, registers (end)?]``. Paramet
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
@@ -102,7 +104,7 @@ class VisionTransformer(ResizableInput, VitlabModel):
         cfg.validate()
         self.cfg = cfg
         dim = cfg.embed_dim
-        stem = ConvStem if cfg.stem == "conv" else PatchEmbed
+        stem = partial(ConvStem, stem_chans=cfg.stem_chans) if cfg.stem == "conv" else PatchEmbed
         self.patch_embed = stem(cfg.img_size, cfg.patch_size, cfg.in_chans, dim,
                                 dynamic_img_size=cfg.dynamic_img_size, dynamic_img_pad=cfg.dynamic_img_pad)
         self.grid_size = self.patch_embed.grid_size
