@@ -27,6 +27,7 @@ from pathlib import Path
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 THRESHOLD = {"mnist-5k": 0.975, "fashion-mnist": 0.925}
+C32 = ["--model", "vit_mnist_conv_patch14", "--set", "stem_chans=32"]
 # arm -> (data set, vitlab train options, seeds)
 ARMS: dict[str, tuple[str, list[str], tuple[int, ...]]] = {
     "m_default": ("mnist-5k", ["--model", "vit_mnist"], (0, 1, 2)),
@@ -45,6 +46,13 @@ ARMS: dict[str, tuple[str, list[str], tuple[int, ...]]] = {
                        (0, 1)),
     "f_conv4_e5": ("fashion-mnist", ["--model", "vit_mnist_conv", "--epochs", "5"], (0, 1)),
     "f_p4_e5": ("fashion-mnist", ["--model", "vit_mnist", "--patch-size", "4", "--epochs", "5"], (0, 1)),
+    # a narrower stem (32 channels: about twice the images/s of 64 on a 2-core CPU), at the epochs 15 CPU minutes
+    # hold; run on the CPU, one seed each so far (docs/results/recipe_scan_cpu)
+    "f_c32_e11": ("fashion-mnist", [*C32, "--epochs", "11"], (0,)),
+    "f_c32_d6_e12": ("fashion-mnist", [*C32, "--depth", "6", "--drop-path", "0", "--epochs", "12"], (0,)),
+    "f_c32_d6_e12_noaug": ("fashion-mnist", [*C32, "--depth", "6", "--epochs", "12", "--no-augment"], (0,)),
+    "f_c32_w128_d4_e12_noaug": ("fashion-mnist", [*C32, "--embed-dim", "128", "--num-heads", "4", "--depth", "4",
+                                                  "--epochs", "12", "--no-augment"], (0,)),
 }
 RUN_FIELDS = ["arm", "dataset", "seed", "options", "epochs_planned", "epochs_run", "final_val_acc", "best_val_acc",
               "first_epoch_at_threshold", "threshold", "final_test_acc"]

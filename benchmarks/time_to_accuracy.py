@@ -64,7 +64,7 @@ from vitlab.data import load_dataset, normalization, normalize
 from vitlab.errors import VitlabError
 from vitlab.perf import cpu_model
 from vitlab.train.batches import holdout, subset
-from vitlab.train.config import RunConfig, default_model
+from vitlab.train.config import RunConfig, default_model, default_recipe
 from vitlab.train.engine import train
 
 DATASETS = ("mnist-5k", "fashion-mnist")
@@ -224,7 +224,8 @@ def run_vitlab(seed: int, epochs: int | None, limit_train: int | None, limit_tes
                val_split: float | None = None) -> tuple[list[dict[str, float]], dict[str, Any], str]:
     """``vitlab train`` with the defaults (only the seed, the device, the data and the smoke test's sizes are
     set); returns the rows (as :func:`run_timm`'s), the recipe the defaults chose and the model they trained."""
-    cfg = RunConfig(model=default_model(dataset), seed=seed, epochs=epochs, limit_train=limit_train,
+    given = {**default_recipe(dataset), **({} if epochs is None else {"epochs": epochs})}
+    cfg = RunConfig(**given, model=default_model(dataset), seed=seed, limit_train=limit_train,
                     limit_test=limit_test, progress=False,
                     device=device, dataset=dataset, data_dir=data_dir, download=False, val_split=val_split,
                     output=str(workdir / f"vitlab_seed{seed}"))
@@ -236,7 +237,8 @@ def run_vitlab(seed: int, epochs: int | None, limit_train: int | None, limit_tes
     out = [{"epoch": r["epoch"], key: r[key], "seconds": r["seconds"]} for r in rows]
     if val_split is not None:  # the test images, read once after the last epoch
         out[-1]["test_acc"] = result.summary["final_test_acc"]
-    return (out, {k: recipe[k] for k in ("epochs", "batch_size", "lr", "warmup_epochs", "model_overrides")},
+    keys = ("epochs", "batch_size", "lr", "warmup_epochs", "hflip", "pad_crop", "degrees", "model_overrides")
+    return (out, {k: recipe[k] for k in keys},
             config["model"]["name"])
 
 

@@ -21,12 +21,14 @@ from timm.models import load_checkpoint
 import vitlab
 import vitlab.train.config as run_config_module
 from _helpers import option_args
+from test_time_to_accuracy_fashion import tiny_fashion
 from vitlab.checkpoint import load_model, read_config
 from vitlab.cli import main
 from vitlab.data import load_dataset, normalize
 from vitlab.experiments.runs import changed_options
+from vitlab.models import get_config
 from vitlab.train.batches import subset
-from vitlab.train.config import RunConfig, default_model, for_data, resolve_run_model
+from vitlab.train.config import RunConfig, default_model, default_recipe, for_data, resolve_run_model
 from vitlab.train.run_model import INIT_STREAM, build_run_model
 from vitlab.train.seeding import derive_seed
 
@@ -73,7 +75,7 @@ def test_no_model_option_trains_the_digits_default_and_timm_loads_it_by_name(tmp
 
 def test_the_default_model_by_kind_of_image(monkeypatch) -> None:
     assert [default_model(d) for d in ("mnist-5k", "MNIST", "fashion-mnist", "cifar10", "imagefolder:x")] == \
-        ["vit_mnist_conv_patch14", "vit_mnist_conv_patch14", "vit_mnist", "vit_mnist", "vit_mnist"]
+        ["vit_mnist_conv_patch14", "vit_mnist_conv_patch14", "vit_fashion_conv_patch14", "vit_mnist", "vit_mnist"]
     assert RunConfig().model == "vit_mnist"  # the library's default (the studies') stays the plain ViT
     # the command and the time-to-accuracy benchmark take it from the same table
     monkeypatch.setitem(run_config_module.DEFAULT_MODELS, "clothing", "vit_mnist_conv")
@@ -176,3 +178,31 @@ def test_a_model_no_preset_equals_keeps_the_users_name(tmp_path, option, name, o
     config = read_config(tmp_path / "run")
     assert config["model"]["name"] == name and config["run"]["model"] == "vit_mnist"
     assert config["run"]["model_overrides"] == overrides
+
+
+def test_the_clothing_default_is_a_narrow_stem_with_its_own_recipe() -> None:
+    """On clothing the command trains vit_fashion_conv_patch14 (a 32-channel stem, 6 blocks) for 12 epochs without
+    augmentation; every other option keeps the recipe of the data set's size, and digits add nothing."""
+    cfg = get_config("vit_fashion_conv_patch14")
+    assert (cfg.stem, cfg.stem_chans, cfg.depth, cfg.patch_size, cfg.global_pool) == ("conv", 32, 6, 14, "avg")
+    recipe = default_recipe("fashion-mnist")
+    assert recipe["epochs"] == 12 and recipe["hflip"] is False and recipe["pad_crop"] == 0
+    assert "lr" not in recipe and "batch_size" not in recipe
+    assert default_recipe("mnist-5k") == {} == default_recipe("cifar10")
+    model = timm.create_model("vitlab_vit_fashion_conv_patch14")
+    assert model.pretrained_cfg["mean"] == (0.286,)  # Fashion-MNIST's statistics, not MNIST's
+
+
+def test_the_command_applies_the_clothing_recipe_unless_an_option_says_otherwise(tmp_path) -> None:
+    data = tiny_fashion(tmp_path / "fashion")
+    common = ["train", "--dataset", "fashion-mnist", "--data-dir", str(data), "--limit-train", "64",
+              "--limit-test", "32", "--batch-size", "32", "--no-progress"]
+    assert main([*common, "--epochs", "1", "--output", str(tmp_path / "a")]) == 0
+    run = read_config(tmp_path / "a")
+    assert run["model"]["name"] == "vit_fashion_conv_patch14" and run["run"]["epochs"] == 1  # the user's epochs
+    assert run["run"]["hflip"] is False and run["run"]["pad_crop"] == 0  # the default recipe's
+    assert main([*common, "--epochs", "1", "--hflip", "--output", str(tmp_path / "b")]) == 0
+    assert read_config(tmp_path / "b")["run"]["hflip"] is True
+    assert main([*common, "--model", "vit_mnist", "--epochs", "1", "--output", str(tmp_path / "c")]) == 0
+    named = read_config(tmp_path / "c")["run"]
+    assert named["hflip"] is True and named["pad_crop"] == 2  # a named model: the clothing augmentation of before

@@ -219,7 +219,7 @@ def test_train_files_fit_in_one_sitting() -> None:
     import vitlab.train
 
     for path in Path(vitlab.train.__file__).parent.glob("*.py"):
-        assert len(path.read_text().splitlines()) <= 440, path.name  # config.py: the default model table
+        assert len(path.read_text().splitlines()) <= 450, path.name  # config.py: the default model table
 
 
 # ------------------------------------------------------------------------------------------------ names, errors

@@ -140,7 +140,7 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.train.config import RunConfig, default_model
+    from vitlab.train.config import RunConfig, default_model, default_recipe
     from vitlab.train.engine import train
     from vitlab.train.resume import resumed_run_config
 
@@ -149,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
     if resume is not None:
         cfg = resumed_run_config(resume, options, verify=getattr(args, "verify", True))
     else:
-        if "model" not in options:  # the data set's default model (a resumed run keeps its own)
-            options["model"] = default_model(str(options.get("dataset", RunConfig.dataset)))
+        if "model" not in options:  # the data set's default model and its recipe (a resumed run keeps its own)
+            dataset = str(options.get("dataset", RunConfig.dataset))
+            options = {**default_recipe(dataset), **options, "model": default_model(dataset)}
         cfg = RunConfig.from_dict(options, "command line")
     result = train(cfg, resume=resume, verify=getattr(args, "verify", True), force=getattr(args, "force", False))
     if result.exit_code or os.environ.get("RANK", "0") != "0":

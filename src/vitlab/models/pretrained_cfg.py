@@ -23,6 +23,7 @@ LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, the 3 -> 1 channel weights of vitlab.
 PRESET_STATS: dict[str, Stats] = {name: (CATALOG["mnist"].mean, CATALOG["mnist"].std)
                                   for name in ("vit_mnist", "vit_mnist_gap", "vit_mnist_conv",
                                                "vit_mnist_conv_patch14")}
+PRESET_STATS["vit_fashion_conv_patch14"] = (CATALOG["fashion-mnist"].mean, CATALOG["fashion-mnist"].std)
 # vitlab's own pipeline resizes whole images bilinearly (no crop); timm's ViT defaults otherwise
 VITLAB_PIPELINE = {"interpolation": "bilinear", "crop_pct": 1.0}
 TIMM_VIT_PIPELINE = {"interpolation": "bicubic", "crop_pct": 0.9}

@@ -32,9 +32,9 @@ from vitlab.train.output import check_new_run, check_path
 from vitlab.train.recipes import DEIT3, RECIPES, recipe_defaults
 from vitlab.train.tracking import check_logger
 
-__all__ = ["AUGMENT_DEFAULTS", "DEFAULT_MODELS", "DEIT3", "NO_AUGMENT", "RECIPES", "RunConfig", "RunModel",
-           "canonical_dataset", "coerce", "default_model", "for_data", "load_yaml", "model_defaults", "recipe_defaults",
-           "resolve_run_model", "settle", "size_defaults"]
+__all__ = ["AUGMENT_DEFAULTS", "DEFAULT_MODELS", "DEFAULT_RECIPES", "DEIT3", "NO_AUGMENT", "RECIPES", "RunConfig",
+           "RunModel", "canonical_dataset", "coerce", "default_model", "default_recipe", "for_data", "load_yaml",
+           "model_defaults", "recipe_defaults", "resolve_run_model", "settle", "size_defaults"]
 
 # Training recipe by number of training images (the first row whose bound is >= N applies).
 # The small-data row is tuned on mnist-5k (4,000 digits) with vit_mnist: batch 64 beat 128 and drop-path 0
@@ -74,9 +74,11 @@ NO_AUGMENT: dict[str, Any] = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, tran
 # leaves the early plateau but did not reach 97.5% sooner: benchmarks/README.md, "Time to accuracy")
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "clothing": {"global_pool": "avg"},
                                              "natural": {}}
-# The model `vitlab train` trains with no --model, by kind of image (else vit_mnist; docs/training.md's scan). A
-# command default, not a library one: RunConfig() and every study keep vit_mnist, the paper's plain ViT.
-DEFAULT_MODELS: dict[str, str] = {"digits": "vit_mnist_conv_patch14"}
+# The model `vitlab train` trains with no --model, by kind of image (else vit_mnist; docs/training.md's scan), and
+# the recipe options that model trains with unless the user sets them (DEFAULT_RECIPES). Command defaults, not library
+# ones: RunConfig() and every study keep vit_mnist, the paper's plain ViT, and the recipe of the data set's size.
+DEFAULT_MODELS: dict[str, str] = {"digits": "vit_mnist_conv_patch14", "clothing": "vit_fashion_conv_patch14"}
+DEFAULT_RECIPES: dict[str, dict[str, Any]] = {"clothing": dict(epochs=12, **NO_AUGMENT)}  # 15 min of a 2-core CPU
 PRESET_NEUTRAL = ("name", "num_classes", "drop_path_rate")  # no part of what a preset is: a label, data, recipe
 
 AMP_MODES = ("auto", "bf16", "off")
@@ -266,6 +268,12 @@ def model_defaults(dataset: str) -> dict[str, Any]:
 def default_model(dataset: str) -> str:
     """The preset `vitlab train` trains on ``dataset`` when no model is named (:data:`DEFAULT_MODELS`)."""
     return DEFAULT_MODELS.get(data_kind(dataset), RunConfig.model)
+
+
+def default_recipe(dataset: str) -> dict[str, Any]:
+    """The run options :func:`default_model` trains with on ``dataset`` where the user sets none
+    (:data:`DEFAULT_RECIPES`); empty for a kind of image whose default recipe is that of its size."""
+    return dict(DEFAULT_RECIPES.get(data_kind(dataset), {}))
 
 
 # ------------------------------------------------------------------------------------- the run as it starts
