@@ -51,6 +51,9 @@ ARMS: dict[str, tuple[str, list[str], tuple[int, ...]]] = {
     "f_c32_e11": ("fashion-mnist", [*C32, "--epochs", "11"], (0,)),
     "f_c32_d6_e12": ("fashion-mnist", [*C32, "--depth", "6", "--drop-path", "0", "--epochs", "12"], (0,)),
     "f_c32_d6_e12_noaug": ("fashion-mnist", [*C32, "--depth", "6", "--epochs", "12", "--no-augment"], (0,)),
+    "f_c32_d6_b256_lr3_e14_noaug": ("fashion-mnist", [*C32, "--depth", "6", "--batch-size", "256", "--lr", "3e-3",
+                                                      "--epochs", "14", "--no-augment"], (0,)),
+    "f_c32_d4_e15_noaug": ("fashion-mnist", [*C32, "--depth", "4", "--epochs", "15", "--no-augment"], (0,)),
     "f_c32_w128_d4_e12_noaug": ("fashion-mnist", [*C32, "--embed-dim", "128", "--num-heads", "4", "--depth", "4",
                                                   "--epochs", "12", "--no-augment"], (0,)),
 }
