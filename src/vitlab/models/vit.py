@@ -43,7 +43,7 @@ _VIT_MNIST = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_d
 
 PRESETS: dict[str, dict] = {
     "vit_mnist": _VIT_MNIST,
-    # what `vitlab train --model vit_mnist` trains on digits and clothing (the default model on clothing): vit_mnist
+    # what `vitlab train --model vit_mnist` trains on digits and clothing: vit_mnist
     # read out by average pooling of the patch tokens with fc_norm (timm's rule for global_pool='avg'; the class
     # token stays a token)
     "vit_mnist_gap": {**_VIT_MNIST, "global_pool": "avg"},
