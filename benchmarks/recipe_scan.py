@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The validation-split scan that chose the default model of `vitlab train` on digits (docs/training.md).
+"""The validation-split scans that chose the default models of `vitlab train` on digits and clothing (docs/training.md).
 
     .venv/bin/python benchmarks/recipe_scan.py --device cuda --workers 14 --out runs/recipe_scan   # train, then tables
     .venv/bin/python benchmarks/recipe_scan.py --summarize runs/recipe_scan    # the tables of runs already made
@@ -106,9 +106,9 @@ def summarize(runs_dir: Path, tables: Path) -> list[dict]:
     summary = []
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
-        done = [r for r in mine if r["epochs_run"] == r["epochs_planned"]]
         if not mine:
             continue
+        done = [r for r in mine if r["epochs_run"] == r["epochs_planned"]]
         vals = [r["final_val_acc"] for r in done]
         # a run that never reached the threshold counts as later than any (the median is empty if half never did)
         firsts = sorted(r["first_epoch_at_threshold"] or float("inf") for r in done)
