@@ -88,6 +88,10 @@ STUDIES = (
           "both arms at patch 4, not the default 7 (the conv stem needs an even patch); the patch arm is 2.2's "
           "patch-4 runs and the conv runs trained on another day beside another study: compare the cost by MACs "
           "(findings 4.5)"),
+    Study("ablation_conv_stem_patch14", "stem at patch 14", "stem", "stem=patch",
+          _sweep("stem", "patch,conv", "ablation_conv_stem_patch14", " --set patch_size=14"),
+          "both arms at patch 14 (2x2 tokens); the conv arm is vit_mnist_conv_patch14, what `vitlab train` trains "
+          "on digits with no --model; trained 2026-11-26, two runs at a time on a 2-core AMD EPYC Zen 3"),
     Study("sweep_patch_size", "patch size", "patch_size", "patch_size=7",
           _sweep("patch_size", "4,7,14", "sweep_patch_size")),
     Study("ablation_no_augment", "augmentation", "augmentation", DEFAULT_ARM,
