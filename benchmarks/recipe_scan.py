@@ -56,6 +56,11 @@ ARMS: dict[str, tuple[str, list[str], tuple[int, ...]]] = {
     "f_c32_d4_e15_noaug": ("fashion-mnist", [*C32, "--depth", "4", "--epochs", "15", "--no-augment"], (0,)),
     "f_c32_w128_d4_e12_noaug": ("fashion-mnist", [*C32, "--embed-dim", "128", "--num-heads", "4", "--depth", "4",
                                                   "--epochs", "12", "--no-augment"], (0,)),
+    # 2026-11-27: 4 heads of 16 and 1 warm-up epoch at the 14 epochs 15 minutes hold, without and with flips
+    "f_c32_d6_h4_w1_e14_noaug": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4", "--warmup-epochs", "1",
+                                                   "--epochs", "14", "--no-augment"], (0,)),
+    "f_c32_d6_h4_w1_e14_hflip": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4", "--warmup-epochs", "1",
+                                                   "--epochs", "14", "--no-augment", "--hflip"], (0,)),
 }
 RUN_FIELDS = ["arm", "dataset", "seed", "options", "epochs_planned", "epochs_run", "final_val_acc", "best_val_acc",
               "first_epoch_at_threshold", "threshold", "final_test_acc"]

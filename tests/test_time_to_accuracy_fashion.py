@@ -107,8 +107,9 @@ def test_quick_fashion_run_writes_markdown_and_json(tmp_path):
         (m,) = side["milestones"]
         assert "s_to_0.925" in m and m["within_budget"] == (m["total_s"] <= 900.0) == side["within_budget"]
     model = report["sides"]["vitlab"]["model"]
-    assert model == "vit_fashion_conv_patch14"  # the command's default on clothing, with its recipe (no flips)
-    assert report["sides"]["vitlab"]["recipe"]["hflip"] is False and report["sides"]["vitlab"]["recipe"]["epochs"] == 1
+    assert model == "vit_fashion_conv_patch14"  # the command's default on clothing, with its recipe (flips only)
+    recipe = report["sides"]["vitlab"]["recipe"]
+    assert (recipe["hflip"], recipe["pad_crop"], recipe["warmup_epochs"], recipe["epochs"]) == (True, 0, 1, 1)
     text = (out / "time_to_accuracy_fashion-mnist.md").read_text()
     assert "on fashion-mnist" in text and "| vitlab | 1 |" in text and "| timm | 1 |" in text
     assert "s to 92.5 %" in text and "within the budget of 900 s" in text and f"model `{model}`" in text
