@@ -8,6 +8,7 @@
     .venv/bin/python benchmarks/time_to_accuracy.py --quick         # a smoke test: tiny data, 1 epoch each
     .venv/bin/python benchmarks/time_to_accuracy.py --dataset fashion-mnist --quick
     .venv/bin/python benchmarks/time_to_accuracy.py --render benchmarks/results/time_to_accuracy.json  # .md again
+    .venv/bin/python benchmarks/time_to_accuracy.py --dataset fashion-mnist --keep runs/tta_fashion  # resumable
 
 vitlab runs ``vitlab train`` with no recipe option (the defaults a user gets for ``--dataset``; the report names
 the model they trained, read from the run's ``config.json``). timm runs its ``VisionTransformer`` at vit_mnist's
@@ -41,6 +42,11 @@ median seconds to the first threshold over vitlab's; when timm's median seed nev
 did counts at its whole run's seconds and the speed-up is reported as a lower bound ("at least"). Writes
 ``time_to_accuracy.md`` and ``time_to_accuracy.json`` (Fashion-MNIST: ``time_to_accuracy_fashion-mnist.md`` and
 ``.json``, so neither data set's results replace the other's) into ``--out`` (default benchmarks/results/).
+
+``--keep DIR`` keeps each run's result (``SIDE_SEED.json``: its epochs, the CPU and the options it ran with) in DIR
+and reads a run found there instead of training it again, so a long run that was cut off (three Fashion-MNIST seeds
+take about 2 hours of a 2-core CPU) goes on where it stopped, and ``--seeds 0`` then ``--seeds 0 1 2`` trains only
+the new seeds. A kept run made on another CPU or with other options is refused: its seconds would not compare.
 """
 
 from __future__ import annotations
@@ -336,6 +342,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Machine: {report['cpu']}, {report['cores']} cores, device {report['device']}, torch {report['torch']}; "
         f"load average {report['load_before']} before, {report['load_after']} after (other processes share the "
         "cores; both sides ran interleaved, seed by seed, each run in a fresh process, so load hits them alike).",
+        *([f"Read from `--keep` (trained by an earlier invocation on this CPU with these options): "
+           f"{', '.join(report['kept_runs'])}; the load figures are this invocation's."]
+          if report.get("kept_runs") else []),
         "",
         "Seconds are training plus per-epoch evaluation, summed epoch by epoch; median (min-max) over seeds "
         f"{', '.join(map(str, report['seeds']))}."
@@ -362,6 +371,44 @@ def markdown(report: dict[str, Any]) -> str:
               f"timm recipe: `{json.dumps(TIMM_RECIPES[dataset])}`, {report.get('timm_epochs')} epochs, "
               f"model `{json.dumps(TIMM_MODEL)}`", ""]
     return "\n".join(lines)
+
+
+def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model with its family and model numbers where /proc/cpuinfo has them: clouds name several
+    generations alike ("AMD EPYC"), and their speeds differ by up to 2x."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                    fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    extra = ", ".join(f"{k} {v}" for k, v in fields.items())
+    return f"{cpu_model(cpuinfo)} ({extra})" if extra else cpu_model(cpuinfo)
+
+
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What a run's result depends on besides its side and seed: a kept run is reused only when these match."""
+    return {"dataset": args.dataset, "timm_epochs": args.timm_epochs, "vitlab_epochs": args.vitlab_epochs,
+            "timm_threads": args.timm_threads, "val_split": args.val_split, "device": args.device,
+            "quick": args.quick}
+
+
+def kept_run(path: Path, options: dict[str, Any], cpu: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The result kept at ``path`` (None when there is none) or why it cannot be reused."""
+    if not path.is_file():
+        return None, None
+    try:
+        one = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"{path} is not a run this script kept ({e}); remove it to train that run again"
+    if one.get("options") != options or one.get("cpu") != cpu:
+        made = f"{one.get('cpu')!r} with {json.dumps(one.get('options'))}"
+        return None, (f"{path} was made on {made}, this run is on {cpu!r} with {json.dumps(options)}: its seconds "
+                      "would not compare; give another --keep folder or remove the file")
+    return one, None
 
 
 def result_name(dataset: str) -> str:
@@ -392,6 +439,24 @@ def check_data(dataset: str, data_dir: Path | None) -> tuple[str | None, str | N
     return str(folder.resolve()), None
 
 
+def run_one(args: argparse.Namespace, side: str, seed: int, out: Path,
+            data_dir: str | None) -> tuple[dict[str, Any], int]:
+    """One side's run of one seed in a fresh process (sides sharing a process disturb each other's OpenMP thread
+    state), written to ``out``; returns its result and the exit status (non-zero: failed, said above)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", side, str(seed), str(out),
+           "--dataset", args.dataset, "--timm-epochs", str(args.timm_epochs),
+           "--timm-threads", str(args.timm_threads), "--device", args.device]
+    cmd += ["--data-dir", data_dir] if data_dir else []
+    cmd += ["--val-split", repr(args.val_split)] if args.val_split is not None else []
+    cmd += ["--vitlab-epochs", str(args.vitlab_epochs)] if args.vitlab_epochs else []
+    cmd += ["--quick"] if args.quick else []
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        fail(f"the {side} run of seed {seed} failed (exit {rc}); its error is above")
+        return {}, rc
+    return json.loads(out.read_text()), 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="mnist-5k", metavar="{mnist-5k,fashion-mnist}",
@@ -415,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("vitlab", "timm"), default=None, help="run one side only")
     ap.add_argument("--quick", action="store_true", help="smoke test: 256/100 images, 1 epoch, the first seed")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--keep", type=Path, metavar="DIR", default=None,
+                    help="keep each run's result in DIR and reuse those already there (a cut-off run goes on)")
     ap.add_argument("--render", type=Path, metavar="JSON", default=None,
                     help="write the .md of an earlier run's .json again (beside it), with this version's speed-up")
     ap.add_argument("--one", nargs=3, metavar=("SIDE", "SEED", "JSON"), default=None, help=argparse.SUPPRESS)
@@ -446,17 +513,21 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = str(args.data_dir) if args.data_dir is not None else None
         one: dict[str, Any] = {}
         try:
-            if side == "vitlab":
-                one["rows"], one["recipe"], one["model"] = run_vitlab(
-                    seed, args.vitlab_epochs, limit_train, limit_test, out.parent, args.device, args.dataset,
-                    data_dir, args.val_split)
+            if side == "vitlab":  # its run folder (checkpoints) goes with the process, never into --keep
+                with tempfile.TemporaryDirectory() as work:
+                    one["rows"], one["recipe"], one["model"] = run_vitlab(
+                        seed, args.vitlab_epochs, limit_train, limit_test, Path(work), args.device, args.dataset,
+                        data_dir, args.val_split)
             else:
                 data = dataset_tensors(args.dataset, data_dir, limit_train, limit_test, args.val_split)
                 one["rows"] = run_timm(seed, args.timm_epochs, data, args.timm_threads, args.device,
                                        TIMM_RECIPES[args.dataset])
         except VitlabError as e:
             return fail(f"the {side} run of seed {seed}: {e}")
-        out.write_text(json.dumps(one))
+        one.update(cpu=cpu_id(), options=run_options(args))
+        tmp = out.with_name(out.name + ".tmp")  # never a half-written result where --keep would read it
+        tmp.write_text(json.dumps(one))
+        tmp.replace(out)
         return 0
     data_dir, problem = check_data(args.dataset, args.data_dir)
     if problem:
@@ -468,26 +539,28 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/time_to_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
         "dataset": args.dataset, "data_dir": data_dir, "thresholds": list(thresholds), "val_split": args.val_split,
         "budget_s": budget_s, "timm_epochs": args.timm_epochs,
-        "cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__, "seeds": args.seeds,
+        "cpu": cpu_id(), "cores": os.cpu_count(), "kept_runs": [], "torch": torch.__version__, "seeds": args.seeds,
         "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
         "load_before": load_average(), "sides": {s: {"runs": [], "milestones": []} for s in sides}}
+    if args.keep is not None:
+        if args.keep.exists() and not args.keep.is_dir():
+            return fail(f"--keep {args.keep} is a file; give a folder for the runs' results")
+        args.keep.mkdir(parents=True, exist_ok=True)
+    options, cpu = run_options(args), cpu_id()
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             for side in sides:
-                # each run in a fresh process: sides sharing a process disturb each other's OpenMP thread state
-                out = Path(tmp) / f"{side}_{seed}.json"
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--one", side, str(seed), str(out),
-                       "--dataset", args.dataset, "--timm-epochs", str(args.timm_epochs),
-                       "--timm-threads", str(args.timm_threads), "--device", args.device]
-                cmd += ["--data-dir", data_dir] if data_dir else []
-                cmd += ["--val-split", repr(args.val_split)] if args.val_split is not None else []
-                cmd += ["--vitlab-epochs", str(args.vitlab_epochs)] if args.vitlab_epochs else []
-                cmd += ["--quick"] if args.quick else []
-                rc = subprocess.run(cmd).returncode
-                if rc != 0:
-                    fail(f"the {side} run of seed {seed} failed (exit {rc}); its error is above")
-                    return rc
-                one = json.loads(out.read_text())
+                out = (args.keep or Path(tmp)) / f"{side}_{seed}.json"
+                one, problem = kept_run(out, options, cpu) if args.keep is not None else (None, None)
+                if problem:
+                    return fail(problem)
+                if one is not None:
+                    print(f"{side} seed {seed}: kept in {out}, not trained again", flush=True)
+                    report["kept_runs"].append(f"{side} seed {seed}")
+                else:
+                    one, rc = run_one(args, side, seed, out, data_dir)
+                    if rc:
+                        return rc
                 if side == "vitlab":
                     report["sides"]["vitlab"]["recipe"] = one["recipe"]
                     report["sides"]["vitlab"]["model"] = one["model"]

@@ -131,3 +131,47 @@ def test_missing_data_dir_names_the_package_and_the_flag(capsys, tmp_path, monke
     err = one_error_line(capsys)
     assert "apt-get install dataset-fashion-mnist" in err and "--data-dir" in err and "not-installed" in err
     assert not list(tmp_path.glob("time_to_accuracy*"))
+
+
+def test_keep_reuses_the_runs_it_kept_and_refuses_those_of_another_cpu(tmp_path, capsys):
+    """--keep DIR: a second invocation reads the kept runs instead of training them again (a marker written into a
+    kept file reaches the report), lists them in the report, and refuses a run kept on another CPU in one line."""
+    m = _module()
+    data, keep = tiny_fashion(tmp_path / "fashion"), tmp_path / "keep"
+    args = ["--dataset", "fashion-mnist", "--data-dir", str(data), "--quick", "--timm-threads", "1",
+            "--keep", str(keep)]
+    assert m.main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert sorted(f.name for f in keep.iterdir()) == ["timm_0.json", "vitlab_0.json"]  # no .tmp left behind
+    kept = json.loads((keep / "timm_0.json").read_text())
+    assert kept["cpu"] == m.cpu_id() and kept["options"]["dataset"] == "fashion-mnist" and kept["options"]["quick"]
+    first = json.loads((tmp_path / "a" / "time_to_accuracy_fashion-mnist.json").read_text())
+    assert first["kept_runs"] == []
+    kept["rows"][-1]["test_acc"] = 0.4321  # what a retrained run could not produce
+    (keep / "timm_0.json").write_text(json.dumps(kept))
+    capsys.readouterr()
+    assert m.main([*args, "--out", str(tmp_path / "b")]) == 0
+    report = json.loads((tmp_path / "b" / "time_to_accuracy_fashion-mnist.json").read_text())
+    assert report["kept_runs"] == ["vitlab seed 0", "timm seed 0"]
+    assert report["sides"]["timm"]["milestones"][0]["final_acc"] == 0.4321
+    assert report["sides"]["vitlab"]["model"] == "vit_fashion_conv_patch14"  # read back with the run
+    assert "Read from `--keep`" in (tmp_path / "b" / "time_to_accuracy_fashion-mnist.md").read_text()
+    kept["cpu"] = "another CPU"
+    (keep / "timm_0.json").write_text(json.dumps(kept))
+    capsys.readouterr()
+    assert m.main([*args, "--out", str(tmp_path / "c")]) == 2
+    err = one_error_line(capsys)
+    assert "another CPU" in err and "another --keep folder" in err
+    assert not (tmp_path / "c").exists()
+    (keep / "timm_0.json").write_text("{not json")
+    assert m.main([*args, "--out", str(tmp_path / "c")]) == 2
+    assert "remove it" in one_error_line(capsys)
+
+
+def test_cpu_id_adds_family_and_model_to_the_name(tmp_path):
+    m = _module()
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+                    "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n")
+    assert m.cpu_id(str(info)) == "AMD EPYC (cpu family 25, model 1)"
+    info.write_text("model name\t: Some CPU\n")
+    assert m.cpu_id(str(info)) == "Some CPU"
