@@ -61,6 +61,13 @@ ARMS: dict[str, tuple[str, list[str], tuple[int, ...]]] = {
                                                    "--epochs", "14", "--no-augment"], (0,)),
     "f_c32_d6_h4_w1_e14_hflip": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4", "--warmup-epochs", "1",
                                                    "--epochs", "14", "--no-augment", "--hflip"], (0,)),
+    # that arm (the clothing default since 2026-11-27) without label smoothing, and at lr 3e-3
+    "f_c32_d6_h4_w1_e14_hflip_ls0": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4", "--warmup-epochs",
+                                                       "1", "--epochs", "14", "--no-augment", "--hflip",
+                                                       "--label-smoothing", "0"], (0,)),
+    "f_c32_d6_h4_w1_e14_hflip_lr3": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4", "--warmup-epochs",
+                                                       "1", "--epochs", "14", "--no-augment", "--hflip", "--lr",
+                                                       "3e-3"], (0,)),
 }
 RUN_FIELDS = ["arm", "dataset", "seed", "options", "epochs_planned", "epochs_run", "final_val_acc", "best_val_acc",
               "first_epoch_at_threshold", "threshold", "final_test_acc"]
