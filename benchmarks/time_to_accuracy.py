@@ -535,18 +535,18 @@ def main(argv: list[str] | None = None) -> int:
     thresholds = THRESHOLDS[args.dataset]
     t0 = thresholds[0]
     sides = [s for s in ("vitlab", "timm") if args.only in (None, s)]
+    options, cpu = run_options(args), cpu_id()
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/time_to_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
         "dataset": args.dataset, "data_dir": data_dir, "thresholds": list(thresholds), "val_split": args.val_split,
         "budget_s": budget_s, "timm_epochs": args.timm_epochs,
-        "cpu": cpu_id(), "cores": os.cpu_count(), "kept_runs": [], "torch": torch.__version__, "seeds": args.seeds,
+        "cpu": cpu, "cores": os.cpu_count(), "kept_runs": [], "torch": torch.__version__, "seeds": args.seeds,
         "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
         "load_before": load_average(), "sides": {s: {"runs": [], "milestones": []} for s in sides}}
     if args.keep is not None:
         if args.keep.exists() and not args.keep.is_dir():
             return fail(f"--keep {args.keep} is a file; give a folder for the runs' results")
         args.keep.mkdir(parents=True, exist_ok=True)
-    options, cpu = run_options(args), cpu_id()
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             for side in sides:
