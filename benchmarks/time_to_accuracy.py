@@ -46,7 +46,8 @@ did counts at its whole run's seconds and the speed-up is reported as a lower bo
 ``--keep DIR`` keeps each run's result (``SIDE_SEED.json``: its epochs, the CPU and the options it ran with) in DIR
 and reads a run found there instead of training it again, so a long run that was cut off (three Fashion-MNIST seeds
 take about 2 hours of a 2-core CPU) goes on where it stopped, and ``--seeds 0`` then ``--seeds 0 1 2`` trains only
-the new seeds. A kept run made on another CPU or with other options is refused: its seconds would not compare.
+the new seeds. A kept run made on another CPU or with other options is refused: its seconds would not compare; so is
+a vitlab run kept before vitlab's default model or recipe changed (it is not the defaults' run any more).
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def run_vitlab(seed: int, epochs: int | None, limit_train: int | None, limit_tes
     out = [{"epoch": r["epoch"], key: r[key], "seconds": r["seconds"]} for r in rows]
     if val_split is not None:  # the test images, read once after the last epoch
         out[-1]["test_acc"] = result.summary["final_test_acc"]
-    keys = ("epochs", "batch_size", "lr", "warmup_epochs", "hflip", "pad_crop", "degrees", "model_overrides")
+    keys = ("epochs", "batch_size", "lr", "warmup_epochs", "hflip", "pad_crop", "degrees", "channels_last",
+            "model_overrides")
     return (out, {k: recipe[k] for k in keys},
             config["model"]["name"])
 
@@ -396,6 +398,16 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
             "quick": args.quick}
 
 
+def side_options(args: argparse.Namespace, side: str) -> dict[str, Any]:
+    """:func:`run_options`, and for vitlab the defaults it trains with (model and recipe): a run kept before the
+    defaults changed is not the defaults' run any more."""
+    options = run_options(args)
+    if side == "vitlab":  # through JSON, as a kept file holds it (tuples become lists)
+        options["vitlab_defaults"] = json.loads(json.dumps({"model": default_model(args.dataset),
+                                                            "recipe": default_recipe(args.dataset)}))
+    return options
+
+
 def kept_run(path: Path, options: dict[str, Any], cpu: str) -> tuple[dict[str, Any] | None, str | None]:
     """The result kept at ``path`` (None when there is none) or why it cannot be reused."""
     if not path.is_file():
@@ -406,7 +418,7 @@ def kept_run(path: Path, options: dict[str, Any], cpu: str) -> tuple[dict[str, A
         return None, f"{path} is not a run this script kept ({e}); remove it to train that run again"
     if one.get("options") != options or one.get("cpu") != cpu:
         made = f"{one.get('cpu')!r} with {json.dumps(one.get('options'))}"
-        return None, (f"{path} was made on {made}, this run is on {cpu!r} with {json.dumps(options)}: its seconds "
+        return None, (f"{path} was made on {made}, this run is on {cpu!r} with {json.dumps(options)}: its result "
                       "would not compare; give another --keep folder or remove the file")
     return one, None
 
@@ -524,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                                        TIMM_RECIPES[args.dataset])
         except VitlabError as e:
             return fail(f"the {side} run of seed {seed}: {e}")
-        one.update(cpu=cpu_id(), options=run_options(args))
+        one.update(cpu=cpu_id(), options=side_options(args, side))
         tmp = out.with_name(out.name + ".tmp")  # never a half-written result where --keep would read it
         tmp.write_text(json.dumps(one))
         tmp.replace(out)
@@ -535,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     thresholds = THRESHOLDS[args.dataset]
     t0 = thresholds[0]
     sides = [s for s in ("vitlab", "timm") if args.only in (None, s)]
-    options, cpu = run_options(args), cpu_id()
+    cpu = cpu_id()
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/time_to_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
         "dataset": args.dataset, "data_dir": data_dir, "thresholds": list(thresholds), "val_split": args.val_split,
@@ -551,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for side in sides:
                 out = (args.keep or Path(tmp)) / f"{side}_{seed}.json"
-                one, problem = kept_run(out, options, cpu) if args.keep is not None else (None, None)
+                one, problem = kept_run(out, side_options(args, side), cpu) if args.keep is not None \
+                    else (None, None)
                 if problem:
                     return fail(problem)
                 if one is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import vitlab.train.config as run_config
 from _scripts import load_script
 
 IDX_NAMES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -133,7 +134,7 @@ def test_missing_data_dir_names_the_package_and_the_flag(capsys, tmp_path, monke
     assert not list(tmp_path.glob("time_to_accuracy*"))
 
 
-def test_keep_reuses_the_runs_it_kept_and_refuses_those_of_another_cpu(tmp_path, capsys):
+def test_keep_reuses_the_runs_it_kept_and_refuses_those_of_another_cpu(tmp_path, capsys, monkeypatch):
     """--keep DIR: a second invocation reads the kept runs instead of training them again (a marker written into a
     kept file reaches the report), lists them in the report, and refuses a run kept on another CPU in one line."""
     m = _module()
@@ -162,6 +163,16 @@ def test_keep_reuses_the_runs_it_kept_and_refuses_those_of_another_cpu(tmp_path,
     err = one_error_line(capsys)
     assert "another CPU" in err and "another --keep folder" in err
     assert not (tmp_path / "c").exists()
+    # vitlab's defaults changed since its run was kept (a new recipe): that run is refused, timm's is not the issue
+    kept["cpu"] = m.cpu_id()
+    (keep / "timm_0.json").write_text(json.dumps(kept))
+    clothing = run_config.DEFAULT_RECIPES["clothing"]
+    monkeypatch.setitem(run_config.DEFAULT_RECIPES, "clothing", {**clothing, "epochs": 99})
+    assert m.main([*args, "--out", str(tmp_path / "c")]) == 2
+    err = one_error_line(capsys)
+    assert "vitlab_0.json" in err and '"epochs": 99' in err and "timm_0.json" not in err
+    assert not (tmp_path / "c").exists()
+    monkeypatch.undo()
     (keep / "timm_0.json").write_text("{not json")
     assert m.main([*args, "--out", str(tmp_path / "c")]) == 2
     assert "remove it" in one_error_line(capsys)

@@ -78,9 +78,10 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "
 # the recipe options that model trains with unless the user sets them (DEFAULT_RECIPES). Command defaults, not library
 # ones: RunConfig() and every study keep vit_mnist, the paper's plain ViT, and the recipe of the data set's size.
 DEFAULT_MODELS: dict[str, str] = {"digits": "vit_mnist_conv_patch14", "clothing": "vit_fashion_conv_patch14"}
-# clothing: 14 epochs (15 min of a 2-core CPU), 1 warm-up epoch, a left-right flip and no other augmentation
+# clothing: 14 epochs (15 min of 2 CPU cores), 1 warm-up epoch, a left-right flip, no other augmentation; the stem in
+# channels-last memory order (1.16x the images/s of 2 cores, the same numbers up to rounding)
 DEFAULT_RECIPES: dict[str, dict[str, Any]] = {"clothing": {**NO_AUGMENT, "epochs": 14, "warmup_epochs": 1,
-                                                           "hflip": True}}
+                                                           "hflip": True, "channels_last": True}}
 PRESET_NEUTRAL = ("name", "num_classes", "drop_path_rate")  # no part of what a preset is: a label, data, recipe
 
 AMP_MODES = ("auto", "bf16", "off")
@@ -135,6 +136,7 @@ class RunConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "auto"  # auto: bf16 autocast on CUDA, off on CPU
     compile: bool = False
+    channels_last: bool = False  # the model's 4-D weights (a convolutional stem) and inputs in NHWC memory order
     threads: int | None = None  # torch intra-op threads (None: torch's default, or cores / processes)
     slices: int | None = None  # CPU: the batch as N concurrent slices (None: vitlab.perf.cpu_plan's choice)
     flush_denormal: bool = True  # CPU: denormal floats computed as zero (vitlab.perf.flush_denormals)

@@ -80,6 +80,8 @@ class Trainer(Loop):
         # 3. model: built once, for the data's classes; its cost per image plans the CPU threads
         model = build_run_model(run_model, len(self.data.classes), seed=cfg.seed, init_weights=init_weights)
         self.model = model.to(self.device)
+        if cfg.channels_last:  # 4-D tensors (convolution weights) only; everything else stays as it is
+            self.model = self.model.to(memory_format=torch.channels_last)
         macs, tokens = model_macs(self.model, self.data.info), token_count(self.model)
         self.slices = perf.plan_training(self.model, self.device, batch_size=cfg.batch_size, slices=cfg.slices,
                                          threads=cfg.threads, compile=cfg.compile,

@@ -294,6 +294,8 @@ class Loop:
         gen = generator(derive_seed(cfg.seed, epoch, step, ctx.rank, AUG_STREAM))
         idx = shard(order[step * cfg.batch_size:(step + 1) * cfg.batch_size], ctx)
         x, y = self.pipeline.train_batch(self.train_data.images[idx], self.train_data.labels[idx], gen)
+        if cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
 
         def loss_of(start: int, stop: int) -> torch.Tensor:  # the mean loss of rows start:stop
             with autocast(self.device, self.amp_dtype):

@@ -76,7 +76,7 @@ def coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
 # continuation may also change). amp is not among them: bf16 autocast changes the numbers.
 RESULT_NEUTRAL: frozenset[str] = frozenset({
     "output", "progress", "logger",  # where the outputs go and how they are shown or tracked
-    "device", "threads", "slices", "compile",  # how it runs (slices are bit-exact, vitlab.perf)
+    "device", "threads", "slices", "compile", "channels_last",  # how it runs (slices are bit-exact, vitlab.perf)
     "flush_denormal",  # changes only values below 1.2e-38, never a reported number
     "data_dir", "download",  # where the data comes from
     "eval_batch_size", "checkpoint_every",  # evaluation in chunks, extra saves
