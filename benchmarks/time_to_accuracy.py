@@ -69,7 +69,7 @@ import torch.nn.functional as F
 
 from vitlab.data import load_dataset, normalization, normalize
 from vitlab.errors import VitlabError
-from vitlab.perf import cpu_model
+from vitlab.perf import cpu_id
 from vitlab.train.batches import holdout, subset
 from vitlab.train.config import RunConfig, default_model, default_recipe
 from vitlab.train.engine import train
@@ -373,22 +373,6 @@ def markdown(report: dict[str, Any]) -> str:
               f"timm recipe: `{json.dumps(TIMM_RECIPES[dataset])}`, {report.get('timm_epochs')} epochs, "
               f"model `{json.dumps(TIMM_MODEL)}`", ""]
     return "\n".join(lines)
-
-
-def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU model with its family and model numbers where /proc/cpuinfo has them: clouds name several
-    generations alike ("AMD EPYC"), and their speeds differ by up to 2x."""
-    fields: dict[str, str] = {}
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if sep and key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                    fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    extra = ", ".join(f"{k} {v}" for k, v in fields.items())
-    return f"{cpu_model(cpuinfo)} ({extra})" if extra else cpu_model(cpuinfo)
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

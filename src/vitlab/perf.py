@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from vitlab.errors import ConfigError
 from vitlab.slice_rng import _local, slice_generator
 
-__all__ = ["CpuPlan", "adamw", "batch_coupled", "cpu_cores", "cpu_model", "cpu_peak_bytes", "cpu_plan",
+__all__ = ["CpuPlan", "adamw", "batch_coupled", "cpu_cores", "cpu_id", "cpu_model", "cpu_peak_bytes", "cpu_plan",
            "flush_denormals", "flushes_denormals", "fused_adamw_supported", "rng_is_thread_safe", "set_threads",
            "slice_bounds", "slice_generator", "sliced_backward", "sliced_forward"]
 
@@ -48,20 +48,37 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _cpuinfo(cpuinfo: str | os.PathLike, keys: tuple[str, ...]) -> dict[str, str]:
+    """The first non-empty value of each of ``keys`` in ``cpuinfo`` (/proc/cpuinfo's ``key : value`` lines); empty
+    where the file does not exist (not Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                key = key.strip().lower()
+                if sep and key in keys and key not in fields and value.strip():
+                    fields[key] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
 def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     """The CPU's model name as ``lscpu`` shows it ("Intel(R) Xeon(R) Processor", "AMD EPYC 7763 64-Core
     Processor"), read from ``cpuinfo``; where that file does not exist (not Linux) or names no model, what
     :func:`platform.processor` says, else the architecture. Timings quote it: the same code runs 2x apart on
     the CPUs one cloud hands out, and ``platform.processor()`` alone says only ``x86_64`` on Linux."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if sep and key.strip().lower() == "model name" and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    name = _cpuinfo(cpuinfo, ("model name",)).get("model name")
+    return name or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_id(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """:func:`cpu_model` with the family and model numbers where ``cpuinfo`` has them ("AMD EPYC (cpu family 25,
+    model 1)"): clouds name several generations alike, and their speeds differ by up to 2x."""
+    fields = _cpuinfo(cpuinfo, ("cpu family", "model"))
+    extra = ", ".join(f"{k} {v}" for k, v in fields.items())
+    return f"{cpu_model(cpuinfo)} ({extra})" if extra else cpu_model(cpuinfo)
 
 
 def cpu_peak_bytes(fn: Callable[[], object]) -> int:
