@@ -68,6 +68,13 @@ ARMS: dict[str, tuple[str, list[str], tuple[int, ...]]] = {
     "f_c32_d6_h4_w1_e14_hflip_lr3": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4", "--warmup-epochs",
                                                        "1", "--epochs", "14", "--no-augment", "--hflip", "--lr",
                                                        "3e-3"], (0,)),
+    # 2026-11-27: the stem in channels-last order (1.16x the images/s) buys 16 epochs in 15 minutes; lr 2e-3 and 3e-3
+    "f_c32_d6_h4_w1_e16_hflip_cl": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4", "--warmup-epochs",
+                                                      "1", "--epochs", "16", "--no-augment", "--hflip",
+                                                      "--channels-last"], (0, 1)),
+    "f_c32_d6_h4_w1_e16_hflip_cl_lr3": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4",
+                                                          "--warmup-epochs", "1", "--epochs", "16", "--no-augment",
+                                                          "--hflip", "--channels-last", "--lr", "3e-3"], (0, 1)),
 }
 RUN_FIELDS = ["arm", "dataset", "seed", "options", "epochs_planned", "epochs_run", "final_val_acc", "best_val_acc",
               "first_epoch_at_threshold", "threshold", "final_test_acc"]
