@@ -99,8 +99,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--compile", action="store_true", default=S, help="torch.compile the model")
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=S,
                    help="keep a convolutional stem's weights and the images in channels-last (NHWC) memory order, "
-                        "as timm's --channels-last (faster convolutions on CPUs and GPUs; on by default for "
-                        "clothing)")
+                        "as timm's --channels-last (faster convolutions on CPUs and GPUs; on in the clothing "
+                        "default recipe, used when no --model is given)")
     g.add_argument("--threads", type=int, default=S, help="torch CPU threads (per slice)")
     g.add_argument("--slices", type=int, default=S, metavar="N",
                    help="CPU: split each batch into N slices computed at once on N threads (default: one per "
