@@ -244,8 +244,8 @@ def run_vitlab(seed: int, epochs: int | None, limit_train: int | None, limit_tes
     out = [{"epoch": r["epoch"], key: r[key], "seconds": r["seconds"]} for r in rows]
     if val_split is not None:  # the test images, read once after the last epoch
         out[-1]["test_acc"] = result.summary["final_test_acc"]
-    keys = ("epochs", "batch_size", "lr", "warmup_epochs", "hflip", "pad_crop", "degrees", "channels_last",
-            "model_overrides")
+    keys = ("epochs", "batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "clip_grad",
+            "ema_decay", "hflip", "pad_crop", "degrees", "channels_last", "model_overrides")
     return (out, {k: recipe[k] for k in keys},
             config["model"]["name"])
 

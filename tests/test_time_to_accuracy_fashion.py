@@ -111,6 +111,7 @@ def test_quick_fashion_run_writes_markdown_and_json(tmp_path):
     assert model == "vit_fashion_conv_patch14"  # the command's default on clothing, with its recipe (flips only)
     recipe = report["sides"]["vitlab"]["recipe"]
     assert (recipe["hflip"], recipe["pad_crop"], recipe["warmup_epochs"], recipe["epochs"]) == (True, 0, 1, 1)
+    assert (recipe["ema_decay"], recipe["label_smoothing"], recipe["weight_decay"]) == (0.999, 0.1, 0.05)
     text = (out / "time_to_accuracy_fashion-mnist.md").read_text()
     assert "on fashion-mnist" in text and "| vitlab | 1 |" in text and "| timm | 1 |" in text
     assert "s to 92.5 %" in text and "within the budget of 900 s" in text and f"model `{model}`" in text
