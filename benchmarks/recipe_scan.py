@@ -89,6 +89,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[int, ...]]] = {
                                                                  "--warmup-epochs", "1", "--epochs", "19",
                                                                  "--no-augment", "--hflip", "--channels-last",
                                                                  "--lr", "3e-3", "--ema-decay", "0.999"], (0, 1)),
+    # that default (with the EMA) and a shift of up to one whole pixel against the over-fitting of the last epochs
+    "f_c32_d6_h4_w1_e19_hflip_cl_lr3_ema999_pc1": ("fashion-mnist", [*C32, "--depth", "6", "--num-heads", "4",
+                                                                     "--warmup-epochs", "1", "--epochs", "19",
+                                                                     "--no-augment", "--hflip", "--pad-crop", "1",
+                                                                     "--channels-last", "--lr", "3e-3",
+                                                                     "--ema-decay", "0.999"], (0, 1)),
 }
 RUN_FIELDS = ["arm", "dataset", "seed", "options", "epochs_planned", "epochs_run", "final_val_acc", "best_val_acc",
               "first_epoch_at_threshold", "threshold", "final_test_acc"]

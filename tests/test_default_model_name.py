@@ -183,7 +183,8 @@ def test_a_model_no_preset_equals_keeps_the_users_name(tmp_path, option, name, o
 def test_the_clothing_default_is_a_narrow_stem_with_its_own_recipe() -> None:
     """On clothing the command trains vit_fashion_conv_patch14 (a 32-channel stem, 6 blocks, 4 heads) in
     channels-last order for 19 epochs at lr 3e-3 with one warm-up epoch, an EMA of the weights (decay 0.999) and
-    left-right flips as its only augmentation; every other option keeps the recipe of the data set's size, and digits add nothing."""
+    left-right flips as its only augmentation; every other option keeps the recipe of the data set's size, and
+    digits add nothing."""
     cfg = get_config("vit_fashion_conv_patch14")
     assert (cfg.stem, cfg.stem_chans, cfg.depth, cfg.num_heads, cfg.patch_size, cfg.global_pool) == \
         ("conv", 32, 6, 4, 14, "avg")
