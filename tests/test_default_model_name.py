@@ -183,15 +183,15 @@ def test_a_model_no_preset_equals_keeps_the_users_name(tmp_path, option, name, o
 def test_the_clothing_default_is_a_narrow_stem_with_its_own_recipe() -> None:
     """On clothing the command trains vit_fashion_conv_patch14 (a 32-channel stem, 6 blocks, 4 heads) in
     channels-last order for 19 epochs at lr 3e-3 with one warm-up epoch, an EMA of the weights (decay 0.999) and
-    left-right flips as its only augmentation; every other option keeps the recipe of the data set's size, and
-    digits add nothing."""
+    left-right flips and a shift of up to one pixel as its only augmentation; every other option keeps the recipe of
+    the data set's size, and digits add nothing."""
     cfg = get_config("vit_fashion_conv_patch14")
     assert (cfg.stem, cfg.stem_chans, cfg.depth, cfg.num_heads, cfg.patch_size, cfg.global_pool) == \
         ("conv", 32, 6, 4, 14, "avg")
     recipe = default_recipe("fashion-mnist")
     assert (recipe["epochs"], recipe["lr"], recipe["warmup_epochs"], recipe["hflip"]) == (19, 3e-3, 1, True)
     assert recipe["channels_last"] is True and recipe["ema_decay"] == 0.999
-    assert recipe["pad_crop"] == 0 and recipe["degrees"] == 0 and recipe["erase_prob"] == 0
+    assert recipe["pad_crop"] == 1 and recipe["degrees"] == 0 and recipe["erase_prob"] == 0
     assert "batch_size" not in recipe and "label_smoothing" not in recipe
     assert default_recipe("mnist-5k") == {} == default_recipe("cifar10")
     model = timm.create_model("vitlab_vit_fashion_conv_patch14")
@@ -205,7 +205,7 @@ def test_the_command_applies_the_clothing_recipe_unless_an_option_says_otherwise
     assert main([*common, "--epochs", "1", "--output", str(tmp_path / "a")]) == 0
     run = read_config(tmp_path / "a")
     assert run["model"]["name"] == "vit_fashion_conv_patch14" and run["run"]["epochs"] == 1  # the user's epochs
-    assert run["run"]["hflip"] is True and run["run"]["pad_crop"] == 0  # the default recipe's
+    assert run["run"]["hflip"] is True and run["run"]["pad_crop"] == 1  # the default recipe's
     assert run["run"]["warmup_epochs"] == 1 and run["run"]["lr"] == 3e-3 and run["run"]["channels_last"] is True
     assert run["run"]["ema_decay"] == 0.999
     assert main([*common, "--epochs", "1", "--no-hflip", "--output", str(tmp_path / "b")]) == 0

@@ -108,9 +108,9 @@ def test_quick_fashion_run_writes_markdown_and_json(tmp_path):
         (m,) = side["milestones"]
         assert "s_to_0.925" in m and m["within_budget"] == (m["total_s"] <= 900.0) == side["within_budget"]
     model = report["sides"]["vitlab"]["model"]
-    assert model == "vit_fashion_conv_patch14"  # the command's default on clothing, with its recipe (flips only)
+    assert model == "vit_fashion_conv_patch14"  # the default on clothing, with its recipe (flip, 1-pixel shift)
     recipe = report["sides"]["vitlab"]["recipe"]
-    assert (recipe["hflip"], recipe["pad_crop"], recipe["warmup_epochs"], recipe["epochs"]) == (True, 0, 1, 1)
+    assert (recipe["hflip"], recipe["pad_crop"], recipe["warmup_epochs"], recipe["epochs"]) == (True, 1, 1, 1)
     assert (recipe["ema_decay"], recipe["label_smoothing"], recipe["weight_decay"]) == (0.999, 0.1, 0.05)
     text = (out / "time_to_accuracy_fashion-mnist.md").read_text()
     assert "on fashion-mnist" in text and "| vitlab | 1 |" in text and "| timm | 1 |" in text
