@@ -125,6 +125,10 @@ STUDIES = (
           "the validation split of 4.6 (no run reached 97.5 % on it; final acc. is the test set's); 4.6's "
           "ema_decay=0 runs are this sweep's lr=0.002 arm (the same settings, copied, not trained twice); trained "
           "2026-11-27 on the same Zen 3 (findings 4.7)"),
+    Study("sweep_batch_size", "batch size", "batch_size", "batch_size=64",
+          unmeasured_command("batch_size", "32,64,128"),
+          "the validation split of 4.6 and its ema_decay=0 runs as the batch-64 arm, as in 4.7; the learning rate "
+          "stays 2e-3 at every batch size; trained 2026-11-27 on the same Zen 3 (findings 4.8)"),
 )
 
 # Recipe choices a row reports as not measured unless some record varies them: (choice, option, values to sweep)
