@@ -132,13 +132,10 @@ STUDIES = (
 )
 
 # Recipe choices a row reports as not measured unless some record varies them: (choice, option, values to sweep)
+# (the batch size, learning rate and EMA rows come from their studies above)
 UNMEASURED = (
     ("epochs", "epochs", "30,50,80"),
-    ("batch size", "batch_size", "32,64,128"),
-    ("learning rate", "lr", "1e-3,2e-3,4e-3"),
-    ("EMA of the weights", "ema_decay", "0,0.99,0.999"),
 )
-
 
 
 # ------------------------------------------------------------------------------------------------ settings
