@@ -13,6 +13,14 @@ class ConfigError(VitlabError):
     """An invalid model or run configuration."""
 
 
+class UnknownOptionError(ConfigError, TypeError):
+    """A model option that does not exist (a misspelt or foreign keyword), as against a bad value of a known one.
+
+    Also a ``TypeError``, as a Python call with an unexpected keyword raises: timm's factory contract, so code
+    calling ``timm.create_model("vitlab_P", bogus=1)`` catches it as it would for timm's own models.
+    """
+
+
 class NumericalError(VitlabError):
     """A computation that failed numerically (a NaN or infinite loss or gradient), not a bad option; the message
     names the likely causes and the options that avoid them."""

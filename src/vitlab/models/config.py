@@ -9,7 +9,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from vitlab.errors import ConfigError
+from vitlab.errors import ConfigError, UnknownOptionError
 from vitlab.layers import (
     BLOCKS,
     DEPTH_GATES,
@@ -115,14 +115,17 @@ class ModelConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     def replace(self, **overrides: Any) -> ModelConfig:
+        """A copy with ``overrides`` applied and validated: a name that is no field raises
+        :class:`~vitlab.errors.UnknownOptionError` (a ``TypeError`` too, as timm's factory expects), a bad value
+        :class:`~vitlab.errors.ConfigError`."""
         unknown = [k for k in overrides if k not in self.field_names()]
         if unknown:
             hints = []
             for k in unknown:
                 close = difflib.get_close_matches(k, self.field_names(), n=3)
                 hints.append(f"{k!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
-            raise ConfigError(f"unknown model option {', '.join(hints)}; valid options: "
-                              f"{', '.join(self.field_names()[2:])}")
+            raise UnknownOptionError(f"unknown model option {', '.join(hints)}; valid options: "
+                                     f"{', '.join(self.field_names()[2:])}")
         cfg = dataclasses.replace(self, **overrides)
         cfg.validate()
         return cfg

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from vitlab.errors import ConfigError
+from vitlab.errors import ConfigError, UnknownOptionError
 from vitlab.models.budget import check_budget
 from vitlab.models.config import ModelConfig
 
@@ -117,9 +117,12 @@ def _create_timm(name: str, kwargs: dict[str, Any]) -> nn.Module:
         raise ConfigError("timm models have no drop_path_rule (timm uses the linear rule); drop --drop-path-rule")
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"timm model {name} does not accept these options ({exc}); remove the unsupported "
-                          f"--set / flag") from exc
+    except UnknownOptionError:  # timm:vitlab_P: vitlab's own message names the option and the valid ones
+        raise
+    except TypeError as exc:  # an unexpected keyword stays a TypeError, as timm's factory raises it
+        error = UnknownOptionError if "unexpected keyword argument" in str(exc) else ConfigError
+        raise error(f"timm model {name} does not accept these options ({exc}); remove the unsupported "
+                    f"--set / flag") from exc
     except (AssertionError, RuntimeError, ValueError) as exc:
         msg = str(exc).replace("\n", " ") or type(exc).__name__
         raise ConfigError(f"timm cannot build {name} with {kwargs} ({msg}); change the size options") from exc
