@@ -1,27 +1,26 @@
 """The verdicts of docs/findings.md, computed from the committed run records under docs/results/runs/.
 
-One row per claim of the page (:data:`CLAIMS`): the difference between two arms (in accuracy points, or a
-diagnostic's unit), signed so that positive is the direction the paper claims, its 95 % interval, the test, the
-p-value, the runs per arm and the minimal detectable effect at 80 % power of that design
-(:mod:`vitlab.analysis.stats`). The rule, applied here and nowhere by hand:
+A thin list of the page's claims (:data:`CLAIMS`) over :func:`vitlab.analysis.verdict.compare_runs`'s pieces
+(:mod:`vitlab.analysis.stats`): one row per claim, the difference between two arms (in accuracy points, or a
+diagnostic's unit) signed so that positive is the direction the paper claims, its 95 % interval, the test, p, the
+runs per arm and the minimal detectable effect at 80 % power of that design, with the run (seed) as the unit: a
+paired t over per-seed differences where both arms have the same seeds, Welch's t over runs otherwise. The claims
+are one family: Benjamini-Hochberg q-values and false-coverage-rate adjusted intervals (Benjamini and Yekutieli
+2005) decide the verdict (:func:`vitlab.analysis.stats.decide_family`; the rule is stated on the page):
 
-- a claim of a difference is *reproduced* when the interval excludes zero on the paper's side, *contradicted* when
-  it excludes zero on the other side, *undecided* otherwise;
-- an "as good as" claim is *reproduced* only when TOST shows equivalence within the margin stated in
-  :data:`CLAIMS`, *contradicted* when the 95 % interval lies wholly outside the margin, *undecided* otherwise;
-- a "no worse than" claim (non-inferiority, margin m) follows the difference rule on the interval shifted by m:
-  *reproduced* when the lower end is above -m, *contradicted* when the upper end is below -m.
+- a difference is *reproduced* when its q is at most 0.05 and the effect is on the paper's side, *contradicted* when
+  it is on the other side, *undecided* otherwise;
+- an "as good as" claim (TOST within the margin of :data:`CLAIMS`) is reproduced when its TOST q is at most 0.05,
+  contradicted when its adjusted interval lies wholly outside the margin;
+- a "no worse than" claim (non-inferiority, margin m) is reproduced when the one-sided test of ``effect > -m`` has
+  q at most 0.05, contradicted when its adjusted interval lies wholly below -m.
 
-The runs recorded before per-image predictions existed are compared by Welch's t over the runs (column ``test``);
-arms whose runs all stored ``test_predictions.json`` and share at least two seeds (the learning-rate sensitivity
-study, section 7) by the paired bootstrap over (seed, image) pairs with McNemar's p. An arm written
-``STUDY/PREFIX@best`` is the learning rate whose runs have the lowest mean final validation loss (never chosen
-on the test set); the ``lr_sens`` measure is the LR sensitivity of Wortsman et al. (2023) of each seed over the
-whole grid. Arms with one run so far get their effect and *undecided*, no interval.
-``runs_to_decide`` is the number of runs per arm at which the MDE, at the spread measured, would
-reach the observed effect (for equivalence: half the margin), from the noncentral-t power of
-:func:`vitlab.analysis.stats.mde_welch`; ``> 50`` when even 50 would not (an effect near zero needs an
-equivalence margin instead).
+An arm written ``STUDY/PREFIX@best`` is the learning rate whose runs have the lowest mean final validation loss
+(never chosen on the test set); the ``lr_sens`` measure is each seed's LR sensitivity over the whole grid
+(:func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`, the study's own definition). Arms with one run so far
+get their effect and *undecided*, no interval. ``runs_to_decide`` is the runs per arm at which the MDE, at the
+spread measured, would reach the observed effect (for equivalence: half the margin), at alpha 0.05 for that claim
+alone; ``> 50`` when even 50 would not.
 
     python benchmarks/verdicts.py                 # write docs/results/verdicts.csv
     python benchmarks/verdicts.py --check         # exit 1 when the CSV differs from the records
@@ -40,7 +39,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitlab.analysis import stats
+from vitlab.analysis import stats, verdict
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # records_csv beside this script, also loaded by path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,9 +48,8 @@ from records_csv import csv_main  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "runs"
 OUT = ROOT / "docs" / "results" / "verdicts.csv"
-COLUMNS = ["id", "part", "section", "claim", "comparison", "unit", "effect", "ci_low", "ci_high", "p", "test",
-           "seeds", "mde", "margin", "verdict", "runs_to_decide"]
-MAX_RUNS = 50
+COLUMNS = ["id", "part", "section", "claim", "comparison", "unit", "effect", "ci_low", "ci_high", "p", "q",
+           "adj_ci_low", "adj_ci_high", "test", "seeds", "mde", "margin", "verdict", "runs_to_decide"]
 
 
 class NoRuns(LookupError):
@@ -65,7 +63,7 @@ class Claim:
     claim: str
     a: str  # STUDY/RUN-PREFIX of the arm the paper says is larger
     b: str
-    measure: str = "acc"  # acc | max_logit | cv_attn | cv_mlp | lr_sens (b - a: lower is the claim) | similarity
+    measure: str = "acc"  # acc | max_logit | cv_attn | cv_mlp | lr_sens (b - a: lower is the claim) | similar_share
     margin: float = 0.0  # > 0: an "as good as" claim, TOST within this margin
     noninferior: bool = False  # with a margin: "no worse than" (a one-sided claim): the rule on the interval + margin
 
@@ -145,8 +143,9 @@ CLAIMS = (
           "depth/layerscale_depth24", "depth/vit_depth24", measure="cv_attn"),
     Claim("dp-rule", "5.3", "uniform drop-path as good as linear at 24 blocks (margin 0.5 points; no drop-path-0 "
           "control)", "drop_path_rule/drop_path_rule=uniform", "drop_path_rule/drop_path_rule=linear", margin=0.5),
-    Claim("collapse-36", "5.4", "the plain ViT's attention collapses at depth: 36-block mean similarity above 0.9",
-          "depth/vit_depth36", "", measure="similarity"),
+    Claim("collapse-36-12", "5.4", "the plain ViT's attention collapses with depth: a larger share of its blocks has a "
+          "similar block (DeepViT's ratio, cosine above 0.9) at 36 blocks than at 12", "depth/vit_depth36",
+          "depth/vit_depth12", measure="similar_share"),
     Claim("deepvit-vit-24-w128", "5.4", "DeepViT beats the plain ViT at 24 blocks (width 128)",
           "depth_dim128/deepvit_depth24", "depth_dim128/vit_depth24"),
     Claim("deepvit-24-12-w128", "5.4", "DeepViT gains from depth: 24 beats 12 blocks (width 128)",
@@ -238,169 +237,66 @@ def best_lr(study: Path, prefix: str) -> float:
     return min(losses, key=lambda lr: (statistics.fmean(losses[lr].values()), lr))
 
 
-def lr_sensitivities(arm: str, runs: Path = RUNS) -> list[float]:
-    """Per seed that finished every learning rate of ``STUDY/PREFIX``: the LR sensitivity of Wortsman et al. (2023)
-    over the grid, mean of ``loss(lr) - min loss`` (capped losses)."""
+def lr_sensitivities(arm: str, runs: Path = RUNS) -> dict[int, float]:
+    """``{seed: LR sensitivity}`` for each seed that finished every learning rate of ``STUDY/PREFIX``: the study's
+    own definition (:func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`) over that seed's capped losses."""
+    from vitlab.experiments.lr_sensitivity import lr_sensitivity
+
     study, prefix = arm.split("/", 1)
     losses = _lr_runs(runs / study, prefix)
     seeds = set.intersection(*(set(v) for v in losses.values()))
-    out = []
-    for seed in sorted(seeds):
-        curve = [losses[lr][seed] for lr in sorted(losses)]
-        out.append(statistics.fmean(curve) - min(curve))
+    return {seed: lr_sensitivity({lr: losses[lr][seed] for lr in losses}) for seed in sorted(seeds)}
+
+
+UNITS = {"acc": "points", "similar_share": "share of blocks", "lr_sens": "nats", "max_logit": "logit"}
+
+
+def arm_values(arm: str, what: str, runs: Path = RUNS) -> dict[int, float]:
+    """``{seed: value}`` of an arm: each seed's LR sensitivity, or each run's :func:`vitlab.analysis.verdict.measure`
+    (a run without a complete record is refused by name)."""
+    if what == "lr_sens":
+        return lr_sensitivities(arm, runs)
+    out = {}
+    for run in run_dirs(arm, runs):
+        out[verdict.seed_of(run)] = verdict.measure(run, what)
     return out
 
 
-def _cv(values: list[float]) -> float:
-    return statistics.pstdev(values) / statistics.fmean(values)
-
-
-def measure(run: Path, what: str) -> float:
-    """One run's value: test accuracy in points, a residual-ratio CV or the mean cross-layer similarity."""
-    if what == "acc":
-        return 100 * json.loads((run / "summary.json").read_text())["final_test_acc"]
-    if what == "max_logit":  # the largest attention logit of any layer after the last epoch (probe columns)
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        last = [r for r in rows if any(k.startswith("probe/max_logit/") for k in r)][-1]
-        return max(v for k, v in last.items() if k.startswith("probe/max_logit/"))
-    diag = json.loads((run / "diagnostics.json").read_text())
-    if what == "similarity":
-        return next(c["mean_similarity"] for c in diag["collapse"] if c["group"] == "self_attention")
-    branch = what.split("_")[1]
-    return _cv([r[f"{branch}_mean"] for r in diag["residual_ratios"] if r["kind"] == "self_attention"])
-
-
-def _runs_to_decide(target: float, sd: float) -> str:
-    if not sd > 0:
-        return ""
-    for n in range(2, MAX_RUNS + 1):
-        if stats.mde_welch(n, n, sd) <= target:
-            return str(n)
-    return f"> {MAX_RUNS}"
-
-
-def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
-    """The verdict row of ``claim`` from the run records under ``runs``."""
-    values = (lambda arm: lr_sensitivities(arm, runs)) if claim.measure == "lr_sens" else (
-        lambda arm: [measure(r, claim.measure) for r in run_dirs(arm, runs)])
-    unit = {"acc": "points", "similarity": "cosine", "lr_sens": "nats", "max_logit": "logit"}.get(claim.measure, "CV")
-    lower = claim.measure.startswith("cv") or claim.measure == "lr_sens"
+def evaluate_result(claim: Claim, runs: Path = RUNS) -> stats.Result:
+    """The comparison of one claim, alone (before the family's correction)."""
+    lower = claim.measure.startswith("cv") or claim.measure == "lr_sens"  # lower is the claim: b - a
     try:
-        a = values(claim.a)
-        b = values(claim.b) if claim.measure != "similarity" else []
+        a, b = arm_values(claim.a, claim.measure, runs), arm_values(claim.b, claim.measure, runs)
     except NoRuns:  # a study still running: the claim is on the page, its runs are not yet
         if claim.section not in LATE_SECTIONS:
             raise
-        return _one_run_row(claim, unit, [], [], lower)
-    if claim.measure == "similarity":
-        c = stats.one_sample(a, 0.9)
-        sd, seeds, mde = statistics.stdev(a), str(len(a)), math.nan
-        v = stats.verdict(c.ci_low, c.ci_high)
-        comparison, decide = f"{claim.a} - 0.9", ""
-    else:
-        if lower:  # a lower CV or sensitivity is the claim: positive effect = b - a
-            a, b = b, a
-        if min(len(a), len(b)) < 2:  # one run per arm: an effect, no interval yet
-            return _one_run_row(claim, unit, a, b, lower)
-        pairs = paired_predictions(claim, runs) if claim.measure == "acc" else None
-        if pairs is not None:
-            return _paired_row(claim, *pairs)
-        c = stats.welch(a, b)
-        sd = stats.pooled_sd(a, b)
-        seeds = f"{len(a)}/{len(b)}"
-        mde = stats.mde_welch(len(a), len(b), sd)
-        comparison = f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}"
-        if claim.noninferior:
-            v = stats.verdict(c.ci_low + claim.margin, c.ci_high + claim.margin)
-            target = abs(c.effect + claim.margin)
-        elif claim.margin:
-            v = stats.equivalence_verdict(stats.tost(a, b, claim.margin), c.ci_low, c.ci_high)
-            target = claim.margin / 2
-        else:
-            v = stats.verdict(c.ci_low, c.ci_high)
-            target = abs(c.effect)
-        decide = _runs_to_decide(target, sd) if v == stats.UNDECIDED else ""
-    test = c.test + _margin_test(claim)
+        return stats.compare([], [], margin=claim.margin, noninferior=claim.noninferior)
+    if lower:
+        a, b = b, a
+    paired = set(a) == set(b) and len(a) >= 2
+    return stats.compare(a, b, paired=paired, margin=claim.margin, noninferior=claim.noninferior)
+
+
+def _row(claim: Claim, r: stats.Result) -> dict[str, str]:
+    lower = claim.measure.startswith("cv") or claim.measure == "lr_sens"
+    cells = r.row()
     return {"id": claim.id, "part": claim.part, "section": claim.section, "claim": claim.claim,
-            "comparison": comparison, "unit": unit, "effect": f"{c.effect:.4g}", "ci_low": f"{c.ci_low:.4g}",
-            "ci_high": f"{c.ci_high:.4g}", "p": f"{c.p:.3g}", "test": test, "seeds": seeds,
-            "mde": f"{mde:.3g}", "margin": f"{claim.margin:g}" if claim.margin else "", "verdict": v,
-            "runs_to_decide": decide}
+            "comparison": f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}",
+            "unit": UNITS.get(claim.measure, "CV"), **{k: cells[k] for k in (
+                "effect", "ci_low", "ci_high", "p", "q", "adj_ci_low", "adj_ci_high", "test")},
+            "seeds": cells["runs"], "mde": cells["mde"], "margin": cells["margin"], "verdict": r.verdict,
+            "runs_to_decide": r.runs_to_decide}
 
 
-def paired_predictions(claim: Claim, runs: Path = RUNS) -> tuple[list[bool], list[bool], int] | None:
-    """Per-image correctness of both arms over the seeds they share, in the same (seed, image) order, when every
-    run of both stored its test predictions (``test_predictions.json``); else None (the older records)."""
-    arms = []
-    for arm in (claim.a, claim.b):
-        by_seed = {}
-        for run in run_dirs(arm, runs):
-            path = run / "test_predictions.json"
-            if not path.is_file():
-                return None
-            record = json.loads(path.read_text())
-            by_seed[int(re.search(r"_seed=?(\d+)$", run.name).group(1))] = [
-                p == t for p, t in zip(record["predictions"], record["labels"])]
-        arms.append(by_seed)
-    seeds = sorted(set(arms[0]) & set(arms[1]))
-    if len(seeds) < 2:
-        return None
-    return [c for s in seeds for c in arms[0][s]], [c for s in seeds for c in arms[1][s]], len(seeds)
+def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
+    """The verdict row of ``claim`` alone (as if it were the page's only claim)."""
+    return rows([claim], runs)[0]
 
 
-def _paired_row(claim: Claim, correct_a: list[bool], correct_b: list[bool], seeds: int) -> dict[str, str]:
-    """The row of an accuracy claim whose arms share seeds and test images: the paired bootstrap interval over the
-    (seed, image) pairs and McNemar's p (:func:`vitlab.analysis.stats.paired`), in points; an "as good as" claim is
-    equivalent when the 90 % paired interval lies inside the margin (the paired form of TOST)."""
-    c = stats.paired(correct_a, correct_b)
-    diff = [100 * (float(x) - float(y)) for x, y in zip(correct_a, correct_b)]
-    mde = stats.mde_paired(statistics.pstdev(diff), len(diff)) if any(diff) else 0.0
-    test = "paired bootstrap + McNemar over (seed, image) pairs"
-    if claim.noninferior:
-        v = stats.verdict(100 * c.ci_low + claim.margin, 100 * c.ci_high + claim.margin)
-        test += _margin_test(claim)
-        target = abs(100 * c.effect + claim.margin)
-    elif claim.margin:
-        c90 = stats.paired(correct_a, correct_b, confidence=0.90)
-        eq = stats.Equivalence(100 * c90.effect, 100 * c90.ci_low, 100 * c90.ci_high, math.nan, claim.margin,
-                               -claim.margin < 100 * c90.ci_low and 100 * c90.ci_high < claim.margin)
-        v = stats.equivalence_verdict(eq, 100 * c.ci_low, 100 * c.ci_high)
-        test += f" + paired TOST (90 % interval within {claim.margin:g})"
-        target = claim.margin / 2
-    else:
-        v = stats.verdict(c.ci_low, c.ci_high)
-        target = abs(100 * c.effect)
-    decide = ""
-    if v == stats.UNDECIDED:  # seeds per arm at which the paired MDE would reach the target
-        need = math.ceil((mde / target) ** 2 * seeds) if target > 0 and mde > 0 else MAX_RUNS + 1
-        decide = str(max(need, seeds + 1)) if need <= MAX_RUNS else f"> {MAX_RUNS}"
-    return {"id": claim.id, "part": claim.part, "section": claim.section, "claim": claim.claim,
-            "comparison": f"{claim.a} - {claim.b}", "unit": "points", "effect": f"{100 * c.effect:.4g}",
-            "ci_low": f"{100 * c.ci_low:.4g}", "ci_high": f"{100 * c.ci_high:.4g}", "p": f"{c.p:.3g}", "test": test,
-            "seeds": f"{seeds}/{seeds}", "mde": f"{mde:.3g}", "margin": f"{claim.margin:g}" if claim.margin else "",
-            "verdict": v, "runs_to_decide": decide}
-
-
-def _margin_test(claim: Claim) -> str:
-    """What the test column adds for a claim with a margin: TOST, or the non-inferiority shift."""
-    if not claim.margin:
-        return ""
-    kind = "non-inferiority" if claim.noninferior else "TOST"
-    return f" + {kind} (margin {claim.margin:g})"
-
-
-def _one_run_row(claim: Claim, unit: str, a: list[float], b: list[float], lower: bool) -> dict[str, str]:
-    """The row of a claim whose arms have one run so far (or none: a study still running): the effect, no interval,
-    *undecided* by the rule."""
-    effect = statistics.fmean(a) - statistics.fmean(b) if a and b else math.nan
-    return {"id": claim.id, "part": claim.part, "section": claim.section, "claim": claim.claim,
-            "comparison": f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}", "unit": unit,
-            "effect": f"{effect:.4g}", "ci_low": "nan", "ci_high": "nan", "p": "nan",
-            "test": "none yet (a test needs 2 runs per arm)"
-            + _margin_test(claim),
-            "seeds": f"{len(a)}/{len(b)}", "mde": "nan", "margin": f"{claim.margin:g}" if claim.margin else "",
-            "verdict": stats.UNDECIDED,
-            "runs_to_decide": "unknown: 1 run per arm" if a and b else "unknown: not run yet"}
+def rows(claims: tuple[Claim, ...] | list[Claim] = CLAIMS, runs: Path = RUNS) -> list[dict[str, str]]:
+    """The rows of ``claims``, decided as one family."""
+    results = stats.decide_family([evaluate_result(c, runs) for c in claims])
+    return [_row(c, r) for c, r in zip(claims, results)]
 
 
 def table(runs: Path = RUNS) -> str:
@@ -410,7 +306,7 @@ def table(runs: Path = RUNS) -> str:
     w.writeheader()
     with warnings.catch_warnings():  # scipy warns on arms that are nearly constant (the diverged runs at 10 %)
         warnings.simplefilter("ignore", RuntimeWarning)
-        w.writerows(evaluate(c, runs) for c in CLAIMS)
+        w.writerows(rows(CLAIMS, runs))
     return buf.getvalue()
 
 

@@ -251,52 +251,47 @@ def _verdict_rows() -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow  # about 2 minutes on 2 cores: BCa's jackknife over 30,000 (seed, image) pairs, 11 times
 def test_verdicts_csv_is_computed_from_the_run_records() -> None:
-    """Recomputed from docs/results/runs in the test: a hand edit of verdicts.csv fails here."""
+    """Recomputed from docs/results/runs in the test (seconds: t-tests over runs): a hand edit of verdicts.csv fails
+    here."""
     assert load_script("verdicts").table() == (ROOT / "docs" / "results" / "verdicts.csv").read_text()
 
 
-def test_verdicts_csv_is_computed_from_the_run_records_fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same recomputation in seconds (CI): paired rows take a percentile interval of 999 resamples instead of
-    BCa's 9,999, so their ci_low, ci_high, verdict and runs_to_decide are not compared; every other cell of every
-    row is (a hand edit of an effect, p, mde or test, or of any cell of an unpaired row, fails here)."""
-    from vitlab.analysis import stats
-
-    real = stats.paired
-    monkeypatch.setattr(stats, "paired", lambda a, b, **kw: real(a, b, n_resamples=999, method="percentile", **kw))
-    got = list(csv.DictReader(load_script("verdicts").table().splitlines()))
-    want = _verdict_rows()
-    assert [r["id"] for r in got] == [r["id"] for r in want]
-    for g, w in zip(got, want):
-        if g["test"].startswith("paired bootstrap"):
-            for k in ("ci_low", "ci_high", "verdict", "runs_to_decide"):
-                g.pop(k), w.pop(k)
-        assert g == w, g["id"]
-
-
 def test_every_verdict_follows_the_rule() -> None:
+    """Each row's verdict is the family rule on its own cells: q <= 0.05 decides (by the effect's sign for a
+    difference), the adjusted interval agrees with it, and the seed is the unit (no per-image test decides)."""
     stats = pytest.importorskip("vitlab.analysis.stats")
     rows = _verdict_rows()
-    assert {"section", "claim", "comparison", "effect", "ci_low", "ci_high", "p", "seeds", "mde", "verdict",
-            "test"} <= set(rows[0])
+    assert {"section", "claim", "comparison", "effect", "ci_low", "ci_high", "p", "q", "adj_ci_low", "adj_ci_high",
+            "seeds", "mde", "verdict", "test"} <= set(rows[0])
+    qs = [float(r["q"]) for r in rows if not math.isnan(float(r["q"]))]
+    decided = sum(q <= 0.05 for q in qs)
     for r in rows:
+        assert "image" not in r["test"] and "McNemar" not in r["test"], r["id"]
         lo, hi = float(r["ci_low"]), float(r["ci_high"])
         if math.isnan(lo) or math.isnan(hi):  # an arm with one run so far: no interval, so no verdict yet
             assert r["verdict"] == stats.UNDECIDED and {"0", "1"} & set(r["seeds"].split("/")), r["id"]
             assert r["runs_to_decide"], r["id"]
             continue
         assert lo <= float(r["effect"]) <= hi, r["id"]
-        if r["margin"] and "non-inferiority" in r["test"]:  # the difference rule on the interval + margin
-            m = float(r["margin"])
-            assert r["verdict"] == stats.verdict(lo + m, hi + m), r["id"]
+        q, alo, ahi = float(r["q"]), float(r["adj_ci_low"]), float(r["adj_ci_high"])
+        assert alo <= lo and hi <= ahi, r["id"]  # the family's interval is the wider one
+        m = float(r["margin"] or 0)
+        if r["margin"] and "non-inferiority" in r["test"]:
+            want = stats.REPRODUCED if q <= 0.05 else stats.CONTRADICTED if ahi + m < 0 else stats.UNDECIDED
+            if q <= 0.05:
+                assert alo + m > 0, r["id"]
         elif r["margin"]:  # equivalence: TOST, never the difference rule
             assert "TOST" in r["test"], r["id"]
-            if r["verdict"] == stats.CONTRADICTED:
-                assert lo >= float(r["margin"]) or hi <= -float(r["margin"]), r["id"]
+            want = stats.REPRODUCED if q <= 0.05 else (
+                stats.CONTRADICTED if alo >= m or ahi <= -m else stats.UNDECIDED)
         else:
-            assert r["verdict"] == stats.verdict(lo, hi), r["id"]
+            want = stats.UNDECIDED if q > 0.05 else stats.REPRODUCED if float(r["effect"]) > 0 else stats.CONTRADICTED
+            assert (q <= 0.05) == (alo > 0 or ahi < 0), r["id"]  # the adjusted interval decides the same rows
+        assert r["verdict"] == want, r["id"]
         assert (r["runs_to_decide"] != "") == (r["verdict"] == stats.UNDECIDED), r["id"]
+    assert decided == sum(r["verdict"] != stats.UNDECIDED for r in rows if r["q"] not in ("", "nan")
+                          and float(r["q"]) <= 0.05)
 
 
 def _prose_by_section(text: str) -> list[tuple[str, str]]:

@@ -9,7 +9,14 @@ import math
 import pytest
 
 from _helpers import cli_error, read_rows
-from vitlab.experiments.lr_sensitivity import capped_loss, lr_specs, lr_table, sensitivity
+from vitlab.experiments.lr_sensitivity import (
+    capped_loss,
+    lr_sensitivity,
+    lr_specs,
+    lr_table,
+    seed_sensitivities,
+    sensitivity,
+)
 from vitlab.train.config import RunConfig
 
 L0 = math.log(10)
@@ -52,10 +59,13 @@ def test_sensitivity_is_the_mean_gap_to_the_best_rate_over_the_grid():
     assert mine[("vit", 1e-3)]["capped_loss_mean"] == pytest.approx(0.7)
     assert mine[("vit", 1e-2)]["capped_loss_mean"] == pytest.approx(L0) and mine[("vit", 1e-2)]["diverged"] == 1
     assert mine[("vit", 1e-2)]["val_loss_mean"] == 9.0  # the diverged run's loss is left out of the mean
-    sens = {s["variant"]: s for s in sensitivity(per_lr, lrs)}
+    sens = {s["variant"]: s for s in sensitivity(per_lr, lrs, seed_sensitivities(rows, L0, lrs))}
     vit = sens["vit"]
     assert vit["best_lr"] == 3e-3 and vit["best_val_loss"] == pytest.approx(0.4)
-    assert vit["lr_sensitivity"] == pytest.approx(((0.7 - 0.4) + 0 + (L0 - 0.4)) / 3)
+    # the mean over seeds of each seed's sensitivity (the seed is the unit): seed 0 0.8/0.3/L0, seed 1 0.6/0.5/L0
+    seed0, seed1 = (0.8 + 0.3 + L0) / 3 - 0.3, (0.6 + 0.5 + L0) / 3 - 0.5
+    assert vit["lr_sensitivity"] == pytest.approx((seed0 + seed1) / 2)
+    assert lr_sensitivity({1e-3: 0.8, 3e-3: 0.3, 1e-2: L0}) == pytest.approx(seed0)
     assert vit["divergence_rate"] == pytest.approx(1 / 6) and vit["runs"] == 6
     assert math.isnan(sens["ls"]["lr_sensitivity"]) and sens["ls"]["lrs"] == 2
 

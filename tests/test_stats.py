@@ -141,3 +141,88 @@ def test_paired_bootstrap_of_three_seeds_of_10000_images_fits_in_memory() -> Non
     env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_tost_of_constant_arms_is_not_equivalence() -> None:
+    """Accuracies on 1,000 images move in steps of 0.1: two constant arms say nothing, equivalence included."""
+    eq = stats.tost([97.2, 97.2], [97.0, 97.0], 0.5)
+    assert not eq.equivalent and math.isnan(eq.p)
+    assert stats.welch([97.2, 97.2], [97.0, 97.0]).test.endswith("undecidable)")
+    assert not stats.tost([97.2, 97.3], [97.0, 97.1], 0.5, paired=True).equivalent  # constant differences
+
+
+def test_few_differing_images_never_decide_where_mcnemar_does_not() -> None:
+    """3 discordant images of 1,000: the bootstrap gave 0.10..0.80 points; McNemar's p is 0.25."""
+    a = np.ones(1000, dtype=bool)
+    b = a.copy()
+    b[:3] = False
+    c = stats.paired(a, b)
+    assert c.p == pytest.approx(0.25) and c.ci_low < 0 < c.ci_high
+    rng = np.random.default_rng(7)
+    for _ in range(200):  # sparse discordance at random: the interval decides exactly when McNemar rejects
+        a = rng.random(500) < 0.9
+        b = a.copy()
+        flip = rng.choice(500, rng.integers(1, stats.MIN_DISCORDANT), replace=False)
+        b[flip] = ~b[flip]
+        c = stats.paired(a, b)
+        assert (c.ci_low > 0 or c.ci_high < 0) <= (c.p < 0.05)
+
+
+def test_paired_t_is_scipys_ttest_rel() -> None:
+    a, b = [97.8, 98.0, 97.7], [97.7, 97.2, 97.3]
+    c = stats.paired_t(a, b)
+    ref = st.ttest_rel(a, b)
+    ci = ref.confidence_interval(0.95)
+    assert (c.effect, c.ci_low, c.ci_high, c.p) == pytest.approx((np.mean(np.subtract(a, b)), ci.low, ci.high,
+                                                                   ref.pvalue))
+    assert stats.paired_t([1.0, 2.0], [0.0, 1.0]).test.endswith("undecidable)")
+
+
+def test_mde_paired_t_has_the_stated_power() -> None:
+    sd, n = 0.5, 4
+    mde = stats.mde_paired_t(n, sd)
+    crit = st.t.ppf(0.975, n - 1)
+    nc = mde * math.sqrt(n) / sd
+    assert st.nct.sf(crit, n - 1, nc) + st.nct.cdf(-crit, n - 1, nc) == pytest.approx(0.8, abs=1e-6)
+    assert stats.runs_to_decide(mde, sd, paired=True) == str(n)
+    assert stats.runs_to_decide(1e-6, sd) == "> 50" and stats.runs_to_decide(1.0, 0.0) == ""
+
+
+def test_compare_pairs_by_seed_and_refuses_what_it_cannot_pair() -> None:
+    a, b = {0: 97.0, 1: 98.0, 2: 97.5}, {0: 96.0, 1: 97.2, 2: 96.9}
+    r = stats.compare(a, b, paired=True)
+    assert r.test == "paired t over seeds" and r.paired and (r.n_a, r.n_b) == (3, 3)
+    assert r.effect == pytest.approx(np.mean([1.0, 0.8, 0.6]))
+    assert r.verdict == stats.verdict(r.ci_low, r.ci_high) == "reproduced"
+    assert stats.compare(list(a.values()), list(b.values())).test == "welch"
+    with pytest.raises(ValueError, match="same seeds"):
+        stats.compare(a, {0: 96.0, 1: 97.2, 3: 96.9}, paired=True)
+    with pytest.raises(ValueError, match="not finite"):
+        stats.compare([97.0, math.nan], [96.0, 97.0])
+    one = stats.compare([97.0], [96.0, 97.0])
+    assert one.verdict == "undecided" and math.isnan(one.ci_low) and one.runs_to_decide.startswith("unknown")
+    goal = stats.compare([92.56, 92.67, 92.70], 92.5)  # a goal is met only when the interval clears it
+    assert goal.test == "one-sample t" and goal.ci_low < 0 < goal.ci_high and goal.verdict == "undecided"
+
+
+def test_a_family_is_decided_by_benjamini_hochberg() -> None:
+    """Ten claims: one clear effect and nine small p-values near 0.04 that do not survive the family's correction."""
+    rng = np.random.default_rng(11)
+    results = [stats.compare(rng.normal(5.0, 0.5, 5), rng.normal(0.0, 0.5, 5))]
+    while len(results) < 10:
+        r = stats.compare(rng.normal(1.0, 1.0, 5), rng.normal(0.0, 1.0, 5))
+        if 0.01 < r.p < 0.05:
+            results.append(r)
+    alone = [r.verdict for r in results]
+    assert alone.count("undecided") == 0
+    family = stats.decide_family(results)
+    q = st.false_discovery_control([r.p for r in results], method="bh")
+    assert [f.q for f in family] == pytest.approx(list(q))
+    assert family[0].verdict == "reproduced"
+    decided = [f for f in family if f.verdict != "undecided"]
+    assert len(decided) == int((q <= 0.05).sum())
+    level = 1 - max(len(decided), 1) * 0.05 / 10
+    for f in family:
+        assert f.adj_confidence == pytest.approx(level) and f.adj_low <= f.ci_low and f.ci_high <= f.adj_high
+        assert (f.verdict != "undecided") == (f.adj_low > 0 or f.adj_high < 0)
+        assert (f.verdict == "undecided") == (f.runs_to_decide != "")

@@ -4,10 +4,12 @@ grid and every seed on a short schedule; per variant and depth, the best final v
 it needs, how sensitive the loss is to the learning rate, how many runs diverged, and the largest pre-softmax
 attention logit per layer over training (the instability the proxies paper ties to divergence).
 
-LR sensitivity is the proxies paper's: ``E_lr[min(L(lr), L0) - min_lr L(lr)]`` over the grid, where ``L(lr)`` is
-the mean over seeds of the final validation loss, ``L0 = ln(classes)`` the loss of a uniform guess (a run that
-diverged, or ends above it, counts as ``L0``), and the expectation is the mean over the grid (equal steps in
-log learning rate). Lower is better: a variant that trains at every learning rate scores near 0.
+LR sensitivity is the proxies paper's: ``E_lr[min(L(lr), L0) - min_lr L(lr)]`` over the grid
+(:func:`lr_sensitivity`), where ``L(lr)`` is one seed's final validation loss, ``L0 = ln(classes)`` the loss of a
+uniform guess (a run that diverged, or ends above it, counts as ``L0``), and the expectation is the mean over the
+grid (equal steps in log learning rate). A (variant, depth) reports the mean over its seeds of each seed's
+sensitivity: the seed is the unit, so the findings page's verdicts compare exactly these per-seed values. Lower is
+better: a variant that trains at every learning rate scores near 0.
 
 Nothing is chosen on the test set: the best learning rate is the one with the lowest validation loss, and the
 test accuracy is reported at it.
@@ -94,6 +96,23 @@ def capped_loss(row: dict[str, Any], l0: float) -> float:
     return min(float(loss), l0)
 
 
+def lr_sensitivity(curve: dict[float, float]) -> float:
+    """The LR sensitivity of one loss-against-rate curve ``{lr: capped loss}`` (one seed over the whole grid): the
+    mean over the grid of ``L(lr) - min_lr L(lr)``."""
+    losses = list(curve.values())
+    return sum(losses) / len(losses) - min(losses)
+
+
+def seed_sensitivities(rows: list[dict[str, Any]], l0: float, lrs: list[float]) -> dict[tuple, dict[int, float]]:
+    """``{(variant, depth): {seed: sensitivity}}`` for every seed that finished every learning rate of ``lrs``."""
+    curves: dict[tuple, dict[int, dict[float, float]]] = {}
+    for r in rows:
+        if not r.get("failed"):
+            curves.setdefault((r["variant"], r["depth"]), {}).setdefault(r["seed"], {})[r["lr"]] = capped_loss(r, l0)
+    return {key: {seed: lr_sensitivity(c) for seed, c in sorted(by_seed.items()) if set(c) >= set(lrs)}
+            for key, by_seed in curves.items()}
+
+
 def lr_table(rows: list[dict[str, Any]], l0: float) -> list[dict[str, Any]]:
     """summary.csv: per variant, depth and learning rate, the mean and std over seeds of every value, the capped
     loss the sensitivity uses, and how many runs diverged."""
@@ -113,26 +132,27 @@ def lr_table(rows: list[dict[str, Any]], l0: float) -> list[dict[str, Any]]:
     return sorted(out, key=lambda a: (a["variant"], a["depth"], a["lr"]))
 
 
-def sensitivity(lr_rows: list[dict[str, Any]], lrs: list[float]) -> list[dict[str, Any]]:
+def sensitivity(lr_rows: list[dict[str, Any]], lrs: list[float],
+                per_seed: dict[tuple, dict[int, float]]) -> list[dict[str, Any]]:
     """sensitivity.csv: per variant and depth, the best learning rate (lowest mean capped validation loss), its
-    loss, validation and test accuracy, the LR sensitivity over the grid (mean of ``capped - best``), the share of
-    runs that diverged, and the largest attention logit of any run. A (variant, depth) missing a learning rate of
-    the grid (runs not finished yet) gets NaN sensitivity: the mean would be over another range."""
+    loss, validation and test accuracy, the LR sensitivity over the grid (the mean over seeds of each seed's
+    :func:`lr_sensitivity`, ``per_seed`` from :func:`seed_sensitivities`), the share of runs that diverged, and the
+    largest attention logit of any run. A (variant, depth) with no seed that finished every learning rate of the
+    grid (runs not finished yet) gets NaN sensitivity: the mean would be over another range."""
     groups: dict[tuple, list[dict]] = {}
     for a in lr_rows:
         groups.setdefault((a["variant"], a["depth"]), []).append(a)
     out = []
     for (variant, depth), members in groups.items():
         best = min(members, key=lambda a: (a["capped_loss_mean"], a["lr"]))
-        complete = {a["lr"] for a in members} >= set(lrs)
+        seeds = per_seed.get((variant, depth), {})
         runs = sum(a["n"] for a in members)
         logits = [a["max_logit_mean"] for a in members if _finite(a["max_logit_mean"])]
         out.append({
             "variant": variant, "depth": depth, "lrs": len(members), "runs": runs,
             "best_lr": best["lr"], "best_val_loss": best["capped_loss_mean"],
             "best_val_acc": best["val_acc_mean"], "test_acc_at_best_lr": best["test_acc_mean"],
-            "lr_sensitivity": (sum(a["capped_loss_mean"] - best["capped_loss_mean"] for a in members) / len(members)
-                               if complete else math.nan),
+            "lr_sensitivity": sum(seeds.values()) / len(seeds) if seeds else math.nan,
             "divergence_rate": sum(a["diverged"] for a in members) / runs if runs else math.nan,
             "max_logit": max(logits) if logits else math.nan,
         })
@@ -226,7 +246,7 @@ def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str,
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
 
     per_lr = lr_table(rows, meta["uniform_loss"])
-    sens = sensitivity(per_lr, meta["lrs"])
+    sens = sensitivity(per_lr, meta["lrs"], seed_sensitivities(rows, meta["uniform_loss"], meta["lrs"]))
     write_csv(out / "results.csv", rows)
     write_csv(out / "summary.csv", per_lr)
     write_csv(out / "sensitivity.csv", sens)
