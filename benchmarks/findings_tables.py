@@ -3,7 +3,7 @@
 Every table of the page follows a marker comment naming its CSV (relative to ``docs/``) and one line per column,
 ``HEADER | TEMPLATE``; the template is text with ``{column}`` or ``{column:spec}`` fields of that CSV
 (``spec``: Python's format spec), a field may be scaled, ``{memory_bytes/1048576:.1f}`` or ``{test_acc*100:.2f}``.
-An optional ``where: column=value[, column=value]`` line keeps the matching rows only::
+An optional ``where: column=value[, column!=value]`` line keeps the matching rows only::
 
     <!-- table: results/complexity/fits.csv
     quantity | {label}
@@ -137,7 +137,7 @@ def render_table(spec: str, docs: Path) -> str:
         if line.startswith("where:"):
             for cond in line[len("where:"):].split(","):
                 key, _, value = cond.strip().partition("=")
-                where[key.strip()] = value.strip()
+                where[key.strip()] = value.strip()  # "column!" (from column!=value): keep rows that differ
         elif line:
             header, sep, template = line.partition(" | ")
             if not sep:
@@ -147,7 +147,8 @@ def render_table(spec: str, docs: Path) -> str:
     if not path.exists():
         return f"_Not yet run: no docs/{source} yet; the command above writes it._\n"
     with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if all(r.get(k) == v for k, v in where.items())]
+        rows = [r for r in csv.DictReader(f)
+                if all((r.get(k[:-1]) != v) if k.endswith("!") else (r.get(k) == v) for k, v in where.items())]
     if not rows:
         raise ValueError(f"docs/{source} has no row matching {where}")
     out = ["| " + " | ".join(h for h, _ in columns) + " |",

@@ -337,3 +337,32 @@ def test_a_verdict_word_the_data_does_not_give_fails() -> None:
     marker = "\n### 2.2 "
     assert marker in text
     assert _bad_verdict_words(text.replace(marker, "\nThis width claim is contradicted.\n" + marker, 1))
+
+
+# ------------------------------------------------------------------------------------------------ README, goals
+
+
+def test_readmes_summaries_are_generated_from_the_csvs() -> None:
+    """README's goal table and its going-deeper summary come from goals.csv and verdicts.csv: an edit of either fails
+    here, and the goals are recomputed from the committed benchmark results."""
+    readme = ROOT / "README.md"
+    assert _tables().differences(readme) == []
+    text = readme.read_text()
+    assert "<!-- table: docs/results/goals.csv" in text and "<!-- table: docs/results/verdicts.csv" in text
+    assert load_script("goals").table() == (ROOT / "docs" / "results" / "goals.csv").read_text()
+
+
+def test_a_goal_is_shown_only_when_its_interval_clears_it() -> None:
+    with (ROOT / "docs" / "results" / "goals.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        lo, hi = float(r["ci_low"]), float(r["ci_high"])
+        want = "shown" if lo > 0 else "missed" if hi < 0 else "not shown"
+        assert r["verdict"] == want, r["id"]
+    assert {r["verdict"] for r in rows} >= {"shown", "not shown"}
+
+
+def test_a_where_line_can_exclude_a_value(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("a,v\nx,undecided\ny,reproduced\n")
+    spec = "t.csv\na | {a}\nwhere: v!=undecided\n"
+    assert _tables().render_table(spec, tmp_path).splitlines()[2:] == ["| y |"]
