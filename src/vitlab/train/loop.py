@@ -8,13 +8,14 @@ goes non-finite (with ``skip_nonfinite`` the step is skipped instead) or grows p
 that of a uniform guess: it stops before the next save, so the last good checkpoint is kept, and its
 ``summary.json`` says ``diverged``.
 
-Its length (about 420 lines) is the loop read in one sitting, from the epoch to the step to the summary; the
+Its length (about 435 lines) is the loop read in one sitting, from the epoch to the step to the summary; the
 divergence rule lives in :mod:`vitlab.train.divergence`, the evaluation in :mod:`vitlab.train.evaluate`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -404,6 +405,15 @@ class Loop:
                   file=sys.stderr, flush=True)
         return TrainResult(self.out_dir, {}, exit_code=self.stop.exit_code)
 
+    @functools.cached_property
+    def machine(self) -> dict[str, str | None]:
+        """The ``cpu`` and ``gpu`` keys of the summary, read once per run: the CPU as :func:`vitlab.perf.cpu_id`
+        names it, and the CUDA device's name when the run trains on one (else None), so a run's timings say which
+        machine they come from. A resumed run records the machine that finished it (this process's), not the one
+        that started it: its ``train_time_s`` may add up epochs timed on another machine."""
+        gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        return {"cpu": perf.cpu_id(), "gpu": gpu}
+
     def summary(self) -> dict[str, Any]:
         """The run's numbers; with a validation split the per-epoch figures are ``*_val_*`` and the test set
         is evaluated here, once."""
@@ -420,5 +430,6 @@ class Loop:
                 "wall_time_s": p.wall_time_s, "train_time_s": p.train_time_s, "train_cpu_s": p.train_cpu_s,
                 "params": sum(t.numel() for t in self.model.parameters()), "macs": macs,
                 "flops": 2 * macs if macs is not None else None, "skipped_steps": p.skipped_steps,
-                "world_size": self.ctx.world_size, "device": str(self.device), "threads": torch.get_num_threads(),
-                "slices": self.slices, "stopped_early": self.stopped_early, **provenance.stamp()}
+                "world_size": self.ctx.world_size, "device": str(self.device), **self.machine,
+                "threads": torch.get_num_threads(), "slices": self.slices, "stopped_early": self.stopped_early,
+                **provenance.stamp()}
