@@ -4,7 +4,6 @@ data config; see :mod:`vitlab.models.pretrained_cfg`), and the check of the data
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from vitlab.checkpoint.textfiles import read_json
 from vitlab.data import normalization
 from vitlab.errors import CheckpointError, DataError
 from vitlab.models import ModelConfig
@@ -56,9 +56,9 @@ def apply_checkpoint_file(model: nn.Module, path: str | Path) -> nn.Module:
     weight file inside it); a path without a vitlab ``config.json`` leaves ``model`` as it is."""
     p = Path(path)
     file = p / "config.json" if p.is_dir() else p.parent / "config.json"
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
+    try:  # a config.json that is not vitlab's (or not JSON) is someone else's file: left alone, as a missing one
+        config = read_json(file, fix="", error=CheckpointError)
+    except CheckpointError:
         return model
     if isinstance(config, dict) and str(config.get("format", "")).startswith("vitlab-checkpoint/"):
         apply_checkpoint_config(model, config)

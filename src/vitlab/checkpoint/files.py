@@ -36,6 +36,7 @@ from vitlab.checkpoint.data_config import apply_checkpoint_config, check_run_dat
 from vitlab.checkpoint.legacy import rename_legacy_keys
 from vitlab.checkpoint.manifest import MANIFEST
 from vitlab.checkpoint.spec import ModelSpec, spec_of, unwrap
+from vitlab.checkpoint.textfiles import read_json
 from vitlab.checkpoint.weights import TORCH_SUFFIXES, read_safetensors, read_torch, safetensors_bytes
 from vitlab.errors import CheckpointError
 from vitlab.models import ModelConfig, create_model
@@ -87,7 +88,7 @@ def is_run_folder(folder: str | Path) -> bool:
         if file.is_symlink() or not file.is_file() or file.stat().st_size > 1 << 24:
             return False
         config = json.loads(file.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply to read
         return False
     return isinstance(config, dict) and config.get("format") == FORMAT
 
@@ -139,10 +140,7 @@ def read_config(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
         raise CheckpointError(f"{d} has no {CONFIG}, so its architecture is unknown; load weights saved by "
                               f"`vitlab train --output DIR` or vitlab.checkpoint.save_checkpoint (which write "
                               f"{WEIGHTS} and {CONFIG} together), or load raw timm weights with vitlab.interop")
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not valid JSON ({exc}); re-save the checkpoint") from exc
+    config = read_json(file, fix="re-save the checkpoint", error=CheckpointError)
     if not isinstance(config, dict) or config.get("format") != FORMAT or "model" not in config:
         raise CheckpointError(f"{file} is not a {FORMAT} config; re-save the checkpoint with vitlab")
     spec = _spec_of(config["model"], path)
@@ -215,10 +213,10 @@ def _metadata_config(p: Path, text: str) -> ModelConfig:
     """The model config a ``vitlab convert`` export stores in its ``vitlab_config`` metadata (a JSON object)."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply to read
         data = exc
     if not isinstance(data, dict):
-        what = "is not JSON" if isinstance(data, json.JSONDecodeError) else f"is a JSON {type(data).__name__}"
+        what = "is not JSON" if isinstance(data, Exception) else f"is a JSON {type(data).__name__}"
         raise CheckpointError(f"the vitlab_config metadata of {p} {what}, not a model config object; re-export "
                               "the weights with `vitlab convert`, or load them with a model name")
     try:
@@ -236,11 +234,10 @@ def _config_json(p: Path, required: bool, verify: bool = True) -> ModelConfig | 
             raise CheckpointError(f"{p.parent} has no config.json; pass the weight file and the model name instead")
         return None
     try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = read_json(p, fix="restore it or pass the weight file and a model name", error=CheckpointError)
+    except CheckpointError:
         if required:
-            raise CheckpointError(f"{p} is not valid JSON ({exc}); restore it or pass the weight file and a model "
-                                  f"name") from None
+            raise
         return None
     model = data.get("model") if isinstance(data, dict) else None
     if not isinstance(model, dict) or "arch" not in model:

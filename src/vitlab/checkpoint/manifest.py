@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab import atomic
+from vitlab.checkpoint.textfiles import read_json
 from vitlab.errors import CheckpointError
 
 MANIFEST = "manifest.json"
@@ -67,10 +68,10 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is damaged ({str(exc).splitlines()[0]}), so the checkpoint cannot be "
-                              f"checked; restore the folder from a good copy, or {NO_VERIFY}") from None
+        manifest = read_json(path, fix="", error=CheckpointError)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path} is damaged ({exc.problem}), so the checkpoint cannot be checked; restore the "
+                              f"folder from a good copy, or {NO_VERIFY}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT or not isinstance(
             manifest.get("files"), dict):
         raise CheckpointError(f"{path} is not a {MANIFEST_FORMAT} manifest; restore the folder from a good copy, or "
