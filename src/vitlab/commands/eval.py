@@ -12,7 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Print test loss and accuracy of a checkpoint (by default on the data "
                               "it was trained on, with the same --limit-test subset) and write "
                               "confusion_matrix.png into the checkpoint folder or --output.")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a `vitlab train --output` folder")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a `vitlab train --output` folder, or its Hub folder (`vitlab export --format hf`)")
     p.add_argument("--dataset", help="data set (default: the one the checkpoint was trained on)")
     p.add_argument("--data-dir", help="local data folder (default: the training run's)")
     p.add_argument("--limit-test", type=int, metavar="N", help="a fixed subset of N test images "
@@ -38,9 +39,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from vitlab import outputs
-    from vitlab.checkpoint import ModelSpec, load_model, read_config
+    from vitlab.checkpoint import ModelSpec
     from vitlab.data import load_dataset
     from vitlab.errors import ConfigError, DataError
+    from vitlab.interop.hub import load_checkpoint
     from vitlab.train.distributed import pick_device
     from vitlab.train.evaluate import evaluate
     from vitlab.train.plots import save_confusion_matrix
@@ -48,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
-    model = load_model(args.checkpoint, model=args.model, verify=args.verify)  # config.json checked and validated
+    # config.json checked and validated; a Hub folder carries the run's config.json
+    model, config = load_checkpoint(args.checkpoint, model=args.model, verify=args.verify)
     if args.output:  # a folder of the user's is refused before any data loads (vitlab.outputs)
         outputs.check(args.output, "eval", EVAL_FILES, force=args.force, runs=True)
-    config = read_config(args.checkpoint, verify=False)
     run_cfg = config.get("run") or {}
     img_size, in_chans = ModelSpec.from_dict(config["model"]).input_shape
     dataset = args.dataset or run_cfg.get("dataset")

@@ -12,7 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "for the image files in it and its sub-folders. A file that cannot be read is named "
                               "on stderr with the reason, one line each, and the others are still predicted; the "
                               "exit status is then 2 (0 when every file was predicted).")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a `vitlab train --output` folder")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a `vitlab train --output` folder, or its Hub folder (`vitlab export --format hf`)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files, or folders of them (searched "
                    "recursively; hidden files and links to folders skipped)")
     p.add_argument("--topk", type=int, default=5, metavar="K")
@@ -27,15 +28,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from vitlab.checkpoint import load_model, read_config
     from vitlab.errors import ConfigError, DataError
+    from vitlab.interop.hub import load_checkpoint
     from vitlab.train.distributed import pick_device
     from vitlab.train.predict import iter_predictions, shown
 
     if args.topk <= 0:
         raise ConfigError(f"--topk must be a positive integer, got {args.topk}")
-    model = load_model(args.checkpoint, verify=args.verify)  # config.json checked (unless --no-verify) and validated
-    config = read_config(args.checkpoint, verify=False)
+    # config.json checked (unless --no-verify) and validated; a Hub folder carries the run's config.json
+    model, config = load_checkpoint(args.checkpoint, verify=args.verify)
     failed = 0
     results = iter_predictions(model, config, args.images, k=args.topk, device=pick_device(args.device))
     for path, top in results:

@@ -90,6 +90,9 @@ def _preset_entrypoint(preset: str) -> Callable[..., VitlabModel]:
         if isinstance(pretrained_cfg, str) and pretrained_cfg:
             raise ConfigError(f"{PREFIX}{preset} has no pretrained tag {pretrained_cfg!r}; drop the "
                               f"'.{pretrained_cfg}'")
+        kwargs.pop("pretrained_model_args", None)  # timm's copy of a Hub folder's model_args, already in kwargs
+        if isinstance(pretrained_cfg, dict | PretrainedCfg) and _hub_source(pretrained_cfg):
+            kwargs["hub_cfg"] = pretrained_cfg if isinstance(pretrained_cfg, dict) else pretrained_cfg.to_dict()
         return build_timm_model(preset, pretrained=pretrained, **kwargs)
 
     entry.__doc__ = f"vitlab preset {preset} (see vitlab.create_model)."
@@ -119,11 +122,20 @@ def build_timm_model(preset: str, *, pretrained: bool = False, features_only: bo
     return features
 
 
+def _hub_source(cfg: dict | PretrainedCfg) -> bool:
+    """Whether timm passed the ``pretrained_cfg`` of a Hub folder (``hf-hub:ORG/NAME``, ``local-dir:DIR``)."""
+    source = cfg.get("source") if isinstance(cfg, dict) else cfg.source
+    return source in ("hf-hub", "local-dir")
+
+
 def build_for_timm(preset: str, *, pretrained: bool = False, pretrained_cfg_overlay: dict | None = None,
-                   cache_dir: Any = None, **kwargs: Any) -> VitlabModel:
+                   cache_dir: Any = None, hub_cfg: dict | None = None, **kwargs: Any) -> VitlabModel:
     """The vitlab model for ``timm.create_model``: timm's arguments read, then the one road of
     :func:`vitlab.create_model` (preset ``preset`` with ``kwargs`` as :class:`ModelConfig` overrides);
-    ``pretrained=True`` loads ``pretrained_cfg_overlay['file']`` (a vitlab checkpoint or weight file)."""
+    ``pretrained=True`` loads ``pretrained_cfg_overlay['file']`` (a vitlab checkpoint or weight file), or with
+    ``hub_cfg`` (the ``pretrained_cfg`` of a Hub folder, ``vitlab.interop.hub``) that folder's weights."""
+    if hub_cfg is not None:
+        return _build_from_hub(preset, hub_cfg, pretrained=pretrained, cache_dir=cache_dir, **kwargs)
     overlay = dict(pretrained_cfg_overlay or {})
     file = overlay.pop("file", None)
     if pretrained:
@@ -142,4 +154,24 @@ def build_for_timm(preset: str, *, pretrained: bool = False, pretrained_cfg_over
         model = create_model(preset, **kwargs)
     if overlay:
         set_pretrained_cfg(model, {**model.pretrained_cfg, **overlay})
+    return model
+
+
+def _build_from_hub(preset: str, hub_cfg: dict, *, pretrained: bool, cache_dir: Any = None,
+                    **kwargs: Any) -> VitlabModel:
+    """The model of a Hub folder (``timm.create_model("local-dir:DIR")``: ``kwargs`` hold its ``model_args``), its
+    weights loaded by timm's own loader when ``pretrained`` (adapted to another size, channel or class count as
+    :func:`vitlab.load_pretrained` adapts them), and its ``pretrained_cfg`` (normalisation, class names)."""
+    from timm.models import load_pretrained as load_timm_pretrained
+
+    from vitlab.interop.pretrained import adapt_state_dict
+
+    model = create_model(preset, **kwargs)
+    if pretrained:
+        load_timm_pretrained(model, pretrained_cfg=hub_cfg, num_classes=model.cfg.num_classes,
+                             in_chans=model.cfg.in_chans, filter_fn=adapt_state_dict, cache_dir=cache_dir)
+    cfg = {**hub_cfg, "input_size": model.pretrained_cfg["input_size"], "num_classes": model.cfg.num_classes}
+    if hub_cfg.get("num_classes") != model.cfg.num_classes:
+        cfg.pop("label_names", None)
+    set_pretrained_cfg(model, cfg)
     return model
