@@ -1,4 +1,5 @@
-"""Known-answer tests of the per-layer probes (vitlab.analysis.probes) and of model.probe on small models."""
+"""Known-answer tests of the per-layer probes (vitlab.analysis.probes), each case over many random draws, and of
+probe_model on small models and freshly initialised presets."""
 
 from __future__ import annotations
 
@@ -10,13 +11,47 @@ import torch
 from vitlab.analysis import probes
 from vitlab.errors import ConfigError
 
+DRAWS = 200  # random draws per known-answer case
+SHAPES = ((2, 3), (4, 64), (16, 8), (49, 64), (196, 32))  # (N tokens, D channels)
 
-def test_identical_tokens_are_collapsed():
-    x = torch.randn(1, 1, 8).expand(2, 5, 8)
-    assert torch.allclose(probes.token_similarity(x), torch.ones(2))
-    assert torch.allclose(probes.rank_residual(x), torch.zeros(2), atol=1e-6)
-    assert torch.equal(probes.effective_rank(x), torch.zeros(2))  # centred: no spread at all
-    assert torch.allclose(probes.effective_rank(x, centre=False), torch.ones(2), atol=1e-5)
+
+def _scales(g: torch.Generator) -> torch.Tensor:
+    """``(DRAWS, 1, 1)`` token scales spread over six decades."""
+    return 10 ** (6 * torch.rand(DRAWS, 1, 1, generator=g) - 3)
+
+
+@pytest.mark.parametrize("n,d", SHAPES)
+def test_identical_tokens_have_rank_one_and_no_spread(n, d):
+    g = torch.Generator().manual_seed(n * 1000 + d)
+    x = (torch.randn(DRAWS, 1, d, generator=g) * _scales(g)).expand(DRAWS, n, d)  # each draw: one vector n times
+    assert torch.equal(probes.effective_rank(x, centre=True), torch.zeros(DRAWS))  # exactly 0, every draw
+    assert torch.allclose(probes.effective_rank(x, centre=False), torch.ones(DRAWS), atol=1e-5)
+    assert torch.allclose(probes.rank_residual(x), torch.zeros(DRAWS), atol=1e-6)
+    if n > 1:
+        assert torch.allclose(probes.token_similarity(x), torch.ones(DRAWS), atol=1e-5)
+    assert torch.equal(probes.effective_rank(torch.zeros(3, n, d), centre=False), torch.zeros(3))
+
+
+@pytest.mark.parametrize("n,d", SHAPES[1:])
+def test_collapsed_tokens_with_tiny_noise_show_rank_one_uncentred_only(n, d):
+    """Tokens that are one vector up to a residual of 3e-6 of their size (cosine similarity 1.0): the uncentred
+    rank sees the collapse; the centred one is scale-invariant and sees the shape of the tiny noise, as high as for
+    random tokens (why both are reported)."""
+    g = torch.Generator().manual_seed(n * 1000 + d + 1)
+    v = torch.randn(DRAWS, 1, d, generator=g) * _scales(g)
+    x = v + 3e-6 * v.norm(dim=-1, keepdim=True) / d ** 0.5 * torch.randn(DRAWS, n, d, generator=g)
+    res = probes.rank_residual(x)
+    assert bool(((res > 1e-6) & (res < 1e-5)).all())
+    assert float(probes.effective_rank(x, centre=False).max()) < 1.01
+    assert float(probes.effective_rank(x, centre=True).min()) > 0.5 * min(n - 1, d)
+
+
+@pytest.mark.parametrize("n,d", SHAPES[1:])
+def test_random_tokens_have_a_high_rank(n, d):
+    g = torch.Generator().manual_seed(n * 1000 + d + 2)
+    x = torch.randn(DRAWS, n, d, generator=g) * _scales(g)
+    assert float(probes.effective_rank(x, centre=False).min()) > 0.6 * min(n, d)
+    assert float(probes.effective_rank(x, centre=True).min()) > 0.6 * min(n - 1, d)
 
 
 def test_orthogonal_tokens():
@@ -25,34 +60,84 @@ def test_orthogonal_tokens():
     assert torch.allclose(probes.token_similarity(x), torch.zeros(1), atol=1e-6)
     assert torch.allclose(probes.effective_rank(x, centre=False), torch.tensor([float(n)]), atol=1e-4)
     # centred, the n tokens span n - 1 equal directions; the residual is sqrt((n - 1) / n)
-    assert torch.allclose(probes.effective_rank(x), torch.tensor([float(n - 1)]), atol=1e-4)
+    assert torch.allclose(probes.effective_rank(x, centre=True), torch.tensor([float(n - 1)]), atol=1e-4)
     assert torch.allclose(probes.rank_residual(x), torch.tensor([math.sqrt((n - 1) / n)]), atol=1e-6)
 
 
 def test_effective_rank_counts_equal_directions_around_any_mean():
     e = torch.eye(5)
     x = torch.stack([e[0], -e[0], e[1], -e[1], 2 * e[2], -2 * e[2]]) + torch.randn(5)  # 3 directions, unequal
-    r = float(probes.effective_rank(x))
+    r = float(probes.effective_rank(x, centre=True))
     s = torch.tensor([math.sqrt(2), math.sqrt(2), 2 * math.sqrt(2)])
     p = s / s.sum()
     assert r == pytest.approx(float((-(p * p.log()).sum()).exp()), rel=1e-4)
     y = torch.stack([e[0], -e[0], e[1], -e[1]]) + 7.0
-    assert float(probes.effective_rank(y)) == pytest.approx(2.0, rel=1e-5)
+    assert float(probes.effective_rank(y, centre=True)) == pytest.approx(2.0, rel=1e-5)
 
 
-def test_planted_high_norm_token_is_found():
-    torch.manual_seed(0)
-    x = torch.randn(3, 49, 16)
-    x[1, 17] *= 30.0
-    mask = probes.outlier_mask(probes.token_norms(x))
-    assert mask.sum() == 1 and bool(mask[1, 17])
-    # identical norms flag nothing; one larger norm among them is flagged
-    same = torch.ones(1, 10)
-    assert not probes.outlier_mask(same).any()
-    same[0, 3] = 1.5
-    assert probes.outlier_mask(same)[0].nonzero().flatten().tolist() == [3]
+NOISE = ((8, 16, 16), (8, 49, 64), (4, 196, 192), (64, 16, 64))  # (images, patch tokens, channels)
+
+
+@pytest.mark.parametrize("b,n,d", NOISE)
+def test_noise_has_no_artifacts(b, n, d):
+    """Pure noise crosses the artifact cut in no draw: Gaussian tokens, and Gaussian norms (mean 1, sd up to 0.3)
+    with a scale of its own per image."""
+    g = torch.Generator().manual_seed(b * n + d)
+    flagged = 0
+    for _ in range(DRAWS):
+        tokens = torch.randn(b, n, d, generator=g) * float(_scales(g)[0])
+        sd = 0.3 * float(torch.rand(1, generator=g))
+        norms = (1 + sd * torch.randn(b, n, generator=g)).abs() * (1 + torch.rand(b, 1, generator=g))
+        flagged += bool(probes.outlier_mask(probes.token_norms(tokens)).any())
+        flagged += bool(probes.outlier_mask(norms).any())
+    assert flagged <= 0.01 * 2 * DRAWS
+
+
+@pytest.mark.parametrize("b,n,d", NOISE)
+def test_planted_high_norm_tokens_are_found(b, n, d):
+    """A few tokens (up to 5 % of them) scaled to 10-100 times the norm of the others are found, and only they,
+    among Gaussian tokens; also among norms as bimodal as MNIST digits upsampled to 224 pixels at initialisation
+    (75 % blank patches of one norm, ink patches up to 6.6 times it), when planted at 10-100 times the ink."""
+    g = torch.Generator().manual_seed(b * n + d + 1)
+    exact = 0
+    for _ in range(DRAWS):
+        tokens = torch.randn(b, n, d, generator=g) * float(_scales(g)[0])
+        count = 1 + int(torch.randint(max(1, b * n // 20), (1,), generator=g))
+        planted = torch.randperm(b * n, generator=g)[:count]
+        factor = 10 ** (1 + torch.rand(count, 1, generator=g))  # 10 to 100
+        flat = tokens.view(b * n, d)
+        flat[planted] *= factor * tokens.norm(dim=-1).median() / flat[planted].norm(dim=-1, keepdim=True)
+        want = torch.zeros(b * n, dtype=torch.bool)
+        want[planted] = True
+        exact += torch.equal(probes.outlier_mask(probes.token_norms(tokens)).flatten(), want)
+        ink = torch.rand(b * n, generator=g) < 0.25
+        norms = torch.where(ink, 1.5 + 5.1 * torch.rand(b * n, generator=g), torch.ones(b * n))
+        norms[planted] = 6.6 * factor.flatten()
+        exact += torch.equal(probes.outlier_mask(norms.view(b, n)).flatten(), want)
+    assert exact >= 0.99 * 2 * DRAWS
+
+
+def test_artifact_rule_known_cut_and_too_few_tokens():
+    norms = torch.ones(2, 16)
+    norms[0, :5] = 2.0  # the 90th percentile of the 32 norms is 2.0 (0.9 * 31 = 27.9: between two 2.0); log MAD 0
+    assert probes.artifact_threshold(norms) == pytest.approx(6.0)
+    norms[1, 3] = 6.01
+    assert probes.outlier_mask(norms).nonzero().tolist() == [[1, 3]]
+    assert probes.artifact_count(norms) == pytest.approx(0.5)
+    assert probes.artifact_threshold(norms, ratio=4.0) == pytest.approx(8.0)
+    # a broad bulk: k robust standard deviations of the log norms set the cut, not the ratio
+    broad = torch.tensor([[2.0 ** i for i in range(-8, 8)]])
+    logs = broad.log().flatten()
+    sd = probes.MAD_TO_STD * float((logs - logs.sort().values[7]).abs().median())
+    assert probes.artifact_threshold(broad, k=6) == pytest.approx(math.exp(float(logs.sort().values[7]) + 6 * sd))
+    # fewer than MIN_ARTIFACT_TOKENS patch tokens per image: not measurable, even for 10 x outliers
+    few = torch.tensor([[1.00, 1.00, 1.01, 1.02], [1.0, 1.0, 1.0, 10.0]])
+    assert math.isnan(probes.artifact_threshold(few)) and math.isnan(probes.artifact_count(few))
+    assert not probes.outlier_mask(few).any()
     with pytest.raises(ConfigError, match="k must be > 0"):
-        probes.outlier_mask(same, k=0)
+        probes.outlier_mask(norms, k=0)
+    with pytest.raises(ConfigError, match="ratio must be >= 1"):
+        probes.outlier_mask(norms, ratio=0.5)
 
 
 def test_uniform_attention_entropy_and_mass():
@@ -128,13 +213,102 @@ def test_probe_without_class_token_or_registers_reports_nan_masses():
     assert all(math.isfinite(v) for v in p.artifact_mass_all + p.token_similarity)
 
 
+def _plant(model, token: int = 5, factor: float = 50.0):
+    """A forward hook that scales patch token ``token`` of every image by ``factor`` as it leaves the patch
+    embedding: a planted high-norm token that every block reads (removed with ``.remove()``)."""
+    def scale(_m, _args, out):
+        out = out.clone()
+        out[:, token] *= factor
+        return out
+    return model.patch_embed.register_forward_hook(scale)
+
+
+def test_planted_artifact_in_a_model_is_found_and_its_attention_measured():
+    from vitlab.layers.attention import record_attention
+
+    torch.manual_seed(2)
+    model = _tiny(reg_tokens=2).eval()  # class token, 2 registers, 16 patch tokens
+    x = torch.randn(6, 1, 16, 16)
+    clean = probes.probe_model(model, x)
+    assert clean.artifact_count == [0.0, 0.0] and clean.artifact_mass_all == [0.0, 0.0]
+    hook = _plant(model)
+    try:
+        p = probes.probe_model(model, x, batch_size=4)
+        with torch.no_grad(), record_attention(model.blocks[0].modules()) as maps:
+            model(x)
+    finally:
+        hook.remove()
+    assert p.artifact_count == [1.0, 1.0]  # the planted token, in every image, and nothing else
+    assert bool(p.outliers[:, :, 5].all()) and int(p.outliers.sum()) == 2 * 6
+    front = 1 + 2
+    keys = torch.zeros(maps[0].shape[-1], dtype=torch.bool)
+    keys[front + 5] = True
+    regs = torch.zeros_like(keys)
+    regs[1:front] = True
+    assert p.artifact_mass_all[0] == pytest.approx(float(probes.attention_mass(maps[0], keys).mean()), rel=1e-5)
+    assert p.artifact_mass_cls[0] == pytest.approx(float(probes.attention_mass(maps[0], keys, 0).mean()), rel=1e-5)
+    assert p.register_mass_all[0] == pytest.approx(float(probes.attention_mass(maps[0], regs).mean()), rel=1e-5)
+    assert p.artifact_mass_all[0] > 0
+
+
 def test_probe_batches_agree_with_one_pass():
     torch.manual_seed(1)
     model = _tiny()
     x = torch.randn(6, 1, 16, 16)
-    a, b = probes.probe_model(model, x, batch_size=6), probes.probe_model(model, x, batch_size=4)
-    for name in ("token_similarity", "effective_rank", "rank_residual", "artifact_count", "max_logit"):
-        assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-4, abs=1e-6)
+    hook = _plant(model, token=3, factor=20.0)
+    try:
+        a, b = probes.probe_model(model, x, batch_size=6), probes.probe_model(model, x, batch_size=4)
+    finally:
+        hook.remove()
+    assert a.artifact_count[0] == 1.0  # the rule pools all 6 images whatever the batch size
+    assert a.artifact_threshold == [probes.artifact_threshold(n) for n in a.token_norms]
+    for ra, rb in zip(a.rows(), b.rows(), strict=True):  # every probe and norm quantile of every block
+        assert ra == pytest.approx(rb, rel=1e-4, abs=1e-6, nan_ok=True)
+    assert torch.equal(a.outliers, b.outliers)
+
+
+def _digits(model, n: int) -> torch.Tensor:
+    from vitlab.data import load_dataset, normalization, normalize
+
+    cfg = model.cfg
+    train, _ = load_dataset("mnist-5k", img_size=cfg.img_size, in_chans=cfg.in_chans, limit_train=n, limit_test=1)
+    return normalize(train.images, *normalization("mnist-5k", cfg.in_chans))
+
+
+@pytest.mark.parametrize("name,images", [("vit_mnist", 64), ("vit_mnist_conv", 64), ("vit_tiny", 4), ("cait_xxs24", 2)])
+def test_fresh_presets_have_no_artifacts(name, images):
+    """A freshly initialised model on MNIST digits flags no artifact in any block (vit_tiny: digits upsampled to
+    224 pixels, whose mostly blank patches make the norms bimodal; a median-based cut flagged ~53 per image)."""
+    from vitlab.models import create_model
+
+    model = create_model(name)
+    p = probes.probe_model(model, _digits(model, images))
+    assert p.artifact_count == [0.0] * len(model.blocks)
+    assert p.artifact_mass_all == [0.0] * len(model.blocks)
+    assert all(t > 0 for t in p.artifact_threshold)
+
+
+def test_four_token_default_model_reports_artifacts_not_measurable():
+    """The digits default, vit_mnist_conv_patch14, has 4 patch tokens: fewer than MIN_ARTIFACT_TOKENS, so the
+    artifact probes are NaN (a per-image median + 6 MAD flagged 0.3-0.7 per image at initialisation)."""
+    from vitlab.models import create_model
+    from vitlab.train.config import DEFAULT_MODELS
+
+    assert DEFAULT_MODELS["digits"] == "vit_mnist_conv_patch14"
+    model = create_model("vit_mnist_conv_patch14")
+    p = probes.probe_model(model, _digits(model, 64))
+    assert p.token_norms.shape[-1] == 4 < probes.MIN_ARTIFACT_TOKENS
+    for name in ("artifact_count", "artifact_threshold", "artifact_mass_all"):
+        assert all(math.isnan(v) for v in getattr(p, name)), name
+    assert not p.outliers.any()
+    assert all(math.isfinite(v) for v in p.effective_rank_uncentred + p.token_similarity)
+
+
+def test_older_records_effective_rank_reads_as_the_centred_one():
+    old = {"probe/effective_rank/block0": 3.5, "probe/max_logit/block0": 2.0}
+    assert probes.layer_columns(old) == {0: {"effective_rank_centred": 3.5, "max_logit": 2.0}}
+    both = {"effective_rank": 1.0, "effective_rank_centred": 2.0}
+    assert probes.current_names(both) == {"effective_rank_centred": 2.0}
 
 
 def test_probes_per_epoch_in_metrics_and_tensorboard(tmp_path):
@@ -158,11 +332,12 @@ def test_probes_per_epoch_in_metrics_and_tensorboard(tmp_path):
     rows = read_metrics(out)
     assert [r["epoch"] for r in rows] == [1, 2]
     for r in rows:
-        for name in ("token_similarity", "effective_rank", "artifact_count", "max_logit", "attn_entropy"):
+        for name in ("token_similarity", "effective_rank_uncentred", "effective_rank_centred", "artifact_count",
+                     "max_logit", "attn_entropy"):
             assert {f"probe/{name}/block0", f"probe/{name}/block1"} <= set(r), name
     # the last row's probes are those of the saved model on the first 8 training images
     again = probes.probe_model(load_model(out), seen["x"]).columns()
-    for key in ("probe/token_similarity/block1", "probe/effective_rank/block0", "probe/max_logit/block1"):
+    for key in ("probe/token_similarity/block1", "probe/effective_rank_uncentred/block0", "probe/max_logit/block1"):
         assert rows[-1][key] == pytest.approx(again[key], rel=1e-4), key
     if tb:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -234,3 +409,21 @@ def test_train_cli_takes_probe_images(tmp_path):
 
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert {"probe/token_similarity/block0", "probe/token_similarity/block1"} <= set(row)
+
+
+def test_study_columns_name_both_ranks_and_leave_unmeasurable_artifacts_nan():
+    from vitlab.analysis.depth_diagnostics import DIAG_VALUES, probe_columns
+
+    nan = float("nan")
+    rows = [{"layer": i, "token_similarity": 0.5, "effective_rank_uncentred": 1.5 + i, "effective_rank_centred": 3.0,
+             "rank_residual": 0.1, "max_logit": 2.0 * i, "artifact_count": nan, "artifact_mass_all": nan}
+            for i in range(2)]
+    cols = probe_columns(rows)
+    assert {"probe_erank_uncentred_last", "probe_erank_centred_last"} <= set(DIAG_VALUES)
+    assert cols["probe_erank_uncentred_last"] == 2.5 and cols["probe_erank_centred_last"] == 3.0
+    assert math.isnan(cols["probe_artifacts"]) and math.isnan(cols["probe_artifact_mass"])  # not measurable, not 0
+    rows[0]["artifact_count"] = 0.0
+    assert probe_columns(rows)["probe_artifacts"] == 0.0
+    # a run's diagnostics written before the two ranks: its effective_rank was the centred one
+    old = probe_columns([{"effective_rank": 4.0, "artifact_count": 1.0}])
+    assert old["probe_erank_centred_last"] == 4.0 and math.isnan(old["probe_erank_uncentred_last"])

@@ -29,7 +29,7 @@ from vitlab.analysis import plots
 from vitlab.analysis.attention_maps import TokenLayout, readout_attention, readout_label, readout_register_attention
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
-from vitlab.analysis.probes import Probes, probe_model
+from vitlab.analysis.probes import MIN_ARTIFACT_TOKENS, Probes, probe_model
 from vitlab.analysis.report import Section, versions, write_csv, write_json, write_report
 from vitlab.analysis.residuals import BlockRatio, stack_ratios, summarize_ratios
 from vitlab.analysis.rollout import attention_gradients, check_options, model_rollout
@@ -345,7 +345,7 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
                     "target_class": target_class, "label": roll_label,
                     "targets": None if target is None else target.tolist()},
         "rollout_patch_mass": float(patch_mass.mean()),
-        "probes": {"artifact_k": probe.k, "layers": probe.rows()},
+        "probes": {"artifact_k": probe.k, "artifact_ratio": probe.ratio, "layers": probe.rows()},
         "pos_embed": "drawn" if pos_sim is not None else pos_note,
         **({"register_attention": reg_info if reg_info is not None else NO_REGISTERS} if show_registers else {}),
         "versions": versions(),
@@ -389,13 +389,16 @@ def _sections(groups: list[CollapseGroup], ratios: list[BlockRatio], has_pos: bo
     secs.append(Section(
         "Probes per block",
         "Per self-attention block, over the patch tokens only (class and register tokens left out), mean over "
-        f"{n} images: token similarity (mean pairwise cosine; 1 = over-smoothed), effective rank of the centred "
-        "token matrix (Roy & Vetterli 2007) and its residual to rank one ||X - 1x^T||_F / ||X||_F (Dong et al. "
-        "2021; 0 = rank collapse), high-norm artifact tokens (norm > median + "
-        f"{probe.k:g} x 1.4826 x MAD of the image's patch norms; Darcet et al. 2024) and the attention mass "
-        "they and the register tokens receive, attention entropy per head (nats; log T when uniform) and the "
-        "max pre-softmax logit (Dehghani et al. 2023). docs/analysis.md defines each. "
-        f"Last block: similarity {last['token_similarity']:.3f}, effective rank {last['effective_rank']:.2f}, "
+        f"{n} images: token similarity (mean pairwise cosine; 1 = over-smoothed), effective rank (Roy & Vetterli "
+        "2007) of the token matrix (uncentred: 1 = rank collapse, Dong et al. 2021) and of its spread around the "
+        "mean token (centred), the residual to rank one ||X - 1x^T||_F / ||X||_F (0 = rank collapse), high-norm "
+        f"artifact tokens (norm > {probe.ratio:g} x the 90th percentile and > {probe.k:g} robust standard "
+        "deviations of the log norms, pooled over the images; Darcet et al. 2024; NaN below "
+        f"{MIN_ARTIFACT_TOKENS} patch tokens) and the attention mass they and the register tokens receive, "
+        "attention entropy per head (nats; log T when uniform) and the max pre-softmax logit (Dehghani et al. "
+        "2023). docs/analysis.md defines each. "
+        f"Last block: similarity {last['token_similarity']:.3f}, effective rank "
+        f"{last['effective_rank_uncentred']:.2f} uncentred, {last['effective_rank_centred']:.2f} centred, "
         f"{last['artifact_count']:.2f} artifact tokens per image, max logit {last['max_logit']:.3g}.",
         ["probes.png", "artifact_tokens.png"], ["probes_layers.csv"]))
     if reg_info is not None:

@@ -133,20 +133,28 @@ def diagnostic_columns(diag: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_columns(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """A run's probes in one number each (NaN without probes): the last block's token similarity, effective rank
-    and rank residual, the largest max logit of any block, the artifact tokens per image summed over the blocks,
-    and the attention mass those artifacts and the register tokens receive, averaged over the blocks."""
+    """A run's probes in one number each (NaN without probes): the last block's token similarity, uncentred and
+    centred effective rank and rank residual, the largest max logit of any block, the artifact tokens per image
+    summed over the blocks (NaN where not measurable: too few patch tokens), and the attention mass those artifacts
+    and the register tokens receive, averaged over the blocks. Rows of older records are read under the current
+    names (``effective_rank`` was the centred rank)."""
+    from vitlab.analysis.probes import current_names
+
+    rows = [current_names(r) for r in rows]
+
     def col(name: str) -> list[float]:
         return [r[name] for r in rows if isinstance(r.get(name), int | float) and r[name] == r[name]]
 
     last = {k: v for k, v in rows[-1].items() if v is not None} if rows else {}
     logits = col("max_logit")
+    artifacts = col("artifact_count")
     return {
         "probe_similarity_last": last.get("token_similarity", float("nan")),
-        "probe_erank_last": last.get("effective_rank", float("nan")),
+        "probe_erank_uncentred_last": last.get("effective_rank_uncentred", float("nan")),
+        "probe_erank_centred_last": last.get("effective_rank_centred", float("nan")),
         "probe_residual_last": last.get("rank_residual", float("nan")),
         "probe_max_logit": max(logits) if logits else float("nan"),
-        "probe_artifacts": sum(col("artifact_count")) if rows else float("nan"),
+        "probe_artifacts": sum(artifacts) if artifacts else float("nan"),
         "probe_artifact_mass": _mean(col("artifact_mass_all")),
         "probe_artifact_mass_cls": _mean(col("artifact_mass_cls")),
         "probe_register_mass": _mean(col("register_mass_all")),
@@ -155,5 +163,6 @@ def probe_columns(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 DIAG_VALUES = ("mean_similarity", "similar_fraction", "mean_similar_blocks", "mean_similarity_pre_mix",
                "similar_fraction_pre_mix", "mean_similar_blocks_pre_mix", "attn_entropy", "ratio_attn_mean",
-               "ratio_mlp_mean", "probe_similarity_last", "probe_erank_last", "probe_residual_last", "probe_max_logit",
-               "probe_artifacts", "probe_artifact_mass", "probe_artifact_mass_cls", "probe_register_mass")
+               "ratio_mlp_mean", "probe_similarity_last", "probe_erank_uncentred_last", "probe_erank_centred_last",
+               "probe_residual_last", "probe_max_logit", "probe_artifacts", "probe_artifact_mass",
+               "probe_artifact_mass_cls", "probe_register_mass")

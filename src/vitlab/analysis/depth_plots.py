@@ -176,7 +176,7 @@ def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Pa
 
 
 PROBE_PANELS = (("probe_similarity_last", "token_similarity", "token similarity"),
-                ("probe_erank_last", "effective_rank", "effective rank"),
+                ("probe_erank_uncentred_last", "effective_rank_uncentred", "effective rank, uncentred"),
                 ("probe_max_logit", "max_logit", "max attention logit"),
                 ("probe_artifacts", "artifact_count", "artifact tokens per image"))
 
@@ -196,8 +196,8 @@ def _per_block(rows: list[dict[str, Any]], variant: str, depth: int, name: str,
 def plot_probes(agg: list[dict[str, Any]], layer_rows: list[dict[str, Any]], variants: list[str], depth: int,
                 path: str | Path) -> Path:
     """One page: top row, per variant against depth (mean +- std over seeds), the last block's token similarity and
-    effective rank, the max logit over blocks and the artifact tokens summed over blocks; bottom row, the same
-    probes per block at ``depth``."""
+    uncentred effective rank (rank collapse), the max logit over blocks and the artifact tokens summed over blocks;
+    bottom row, the same probes per block at ``depth``."""
     from vitlab.analysis.plots import new_figure, save
 
     fig = new_figure(18.0, 7.4)
@@ -213,7 +213,7 @@ def plot_probes(agg: list[dict[str, Any]], layer_rows: list[dict[str, Any]], var
         top.set_xticks(depths, [str(d) for d in depths])
         top.minorticks_off()
         top.set_xlabel("depth (blocks)")
-        what = {"probe_similarity_last": "last block", "probe_erank_last": "last block",
+        what = {"probe_similarity_last": "last block", "probe_erank_uncentred_last": "last block",
                 "probe_max_logit": "max over blocks", "probe_artifacts": "sum over blocks"}[value]
         top.set_title(f"{label} ({what})", fontsize=9)
         top.grid(True, alpha=0.3)
@@ -230,14 +230,16 @@ def plot_probes(agg: list[dict[str, Any]], layer_rows: list[dict[str, Any]], var
 
 
 def plot_probe_epochs(epoch_rows: list[dict[str, Any]], variants: list[str], depth: int, path: str | Path) -> Path:
-    """Per epoch at ``depth``, per variant (mean over seeds): the last block's token similarity and effective rank,
-    the max logit over blocks and the artifact tokens summed over blocks, on the run's fixed probe images."""
+    """Per epoch at ``depth``, per variant (mean over seeds): the last block's token similarity and uncentred
+    effective rank, the max logit over blocks and the artifact tokens summed over blocks, on the run's fixed probe
+    images."""
     from vitlab.analysis.plots import new_figure, save
 
     fig = new_figure(18.0, 3.8)
     axes = fig.subplots(1, 4, squeeze=False)[0]
     colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
-    reduce = {"token_similarity": "last", "effective_rank": "last", "max_logit": "max", "artifact_count": "sum"}
+    reduce = {"token_similarity": "last", "effective_rank_uncentred": "last", "max_logit": "max",
+              "artifact_count": "sum"}
     for ax, (_, name, label) in zip(axes, PROBE_PANELS):
         for variant in variants:
             mine = [r for r in epoch_rows if r["variant"] == variant and r["depth"] == depth]

@@ -15,7 +15,7 @@ from vitlab.analysis.plots import new_figure, save
 from vitlab.analysis.probes import Probes
 
 PANELS = (("token_similarity", "token similarity (mean pairwise cosine)"),
-          ("effective_rank", "effective rank (centred patch tokens)"),
+          ("effective_rank_uncentred", "effective rank: uncentred (solid), centred (dashed)"),
           ("rank_residual", "residual to rank one ||X - 1x^T|| / ||X||"),
           ("artifact_count", "high-norm artifact tokens per image"),
           ("attn_entropy", "attention entropy, mean over heads (nats)"),
@@ -23,8 +23,9 @@ PANELS = (("token_similarity", "token similarity (mean pairwise cosine)"),
 
 
 def probes_figure(p: Probes, path: str | Path, *, title: str = "") -> Path:
-    """Six panels against the block index: similarity, effective rank, rank residual, artifact count (with the
-    attention mass they receive), attention entropy (mean and each head) and the max logit."""
+    """Six panels against the block index: similarity, effective rank (uncentred and centred), rank residual,
+    artifact count (with the attention mass they receive; no points where not measurable), attention entropy (mean
+    and each head) and the max logit."""
     rows = p.rows()
     x = np.asarray(p.layers)
     fig = new_figure(11.0, 6.2)
@@ -32,6 +33,9 @@ def probes_figure(p: Probes, path: str | Path, *, title: str = "") -> Path:
     for ax, (name, label) in zip(axes, PANELS):
         y = np.asarray([r[name] for r in rows], dtype=float)
         ax.plot(x, y, "o-", ms=3, color="#1f77b4")
+        if name == "effective_rank_uncentred":
+            ax.plot(x, np.asarray([r["effective_rank_centred"] for r in rows], dtype=float), "o--", ms=3,
+                    color="#1f77b4", alpha=0.6)
         if name == "attn_entropy" and p.attn_entropy and p.attn_entropy[0]:
             heads = np.asarray([e or [math.nan] for e in p.attn_entropy], dtype=float)
             for h in range(heads.shape[1]):
@@ -93,7 +97,8 @@ def artifact_figure(images: np.ndarray, p: Probes, path: str | Path, grid_size: 
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0, 0].set_title("input", fontsize=8)
-    fig.suptitle(title or f"patch-token norms; outliers (> median + {p.k:g} robust sd) outlined", fontsize=9)
+    cut = f"> {p.ratio:g} x 90th percentile and > {p.k:g} robust sd of log norm, pooled"
+    fig.suptitle(title or f"patch-token norms; artifacts ({cut}) outlined", fontsize=9)
     return save(fig, path)
 
 

@@ -1,25 +1,43 @@
 """Per-layer probes of why deep ViTs fail: over-smoothing, rank collapse, artifact tokens and attention logits.
 
 Each probe is a pure function on one layer's tokens or attention, and :func:`probe_model` runs them all on every
-self-attention block of a vitlab model (:func:`probe_model`). Patch statistics use the patch tokens only: the class
-token and register tokens are left out (they are where Darcet et al. 2024 expect the artifacts to go).
+self-attention block of a vitlab model. Patch statistics use the patch tokens only: the class token and register
+tokens are left out (they are where Darcet et al. 2024 expect the artifacts to go).
 
 - **token similarity** (over-smoothing): the mean cosine similarity of the patch tokens over all pairs ``i != j``
   of one image; 1 when every token is the same vector.
 - **effective rank** (Roy & Vetterli 2007): ``exp(-sum_i p_i log p_i)`` with ``p_i = s_i / sum_j s_j`` the
-  normalised singular values of the centred ``(N, D)`` patch-token matrix ``X - 1 mean(X)^T``; the number of
-  directions the tokens spread in (k equal directions give k; identical tokens have no spread: 0).
-- **rank residual** (Dong et al. 2021, "Attention is not all you need: pure attention loses rank doubly
-  exponentially"): ``||X - 1 x^T||_F / ||X||_F`` with ``x`` the best rank-one fit of the form ``1 x^T``, which in
-  the Frobenius norm is the mean token (the paper bounds the composite l1/l-inf norm; the Frobenius form is the
-  one measured here). 0 when all tokens are equal: rank collapse.
-- **artifact tokens** (Darcet et al. 2024, "Vision Transformers Need Registers"): per image, a patch token is a
-  high-norm outlier when its L2 norm exceeds ``median + k * 1.4826 * MAD`` of that image's patch-token norms
-  (``k`` robust standard deviations; :data:`ARTIFACT_K` = 6 by default; the MAD is floored at ``1e-6`` of the
-  median so identical norms flag nothing but a larger one). Reported: the norm quantiles, the mean count of
-  outliers per image and the attention mass they receive in the block that reads them (outliers of the block's
-  *input*, the tokens its keys are made from): from the class-token query and averaged over all queries, and
-  the same for the register tokens.
+  normalised singular values of an image's ``(N, D)`` patch-token matrix, in two forms:
+
+  - *uncentred*, of ``X`` itself: rank collapse in the sense of Dong et al. 2021 ("Attention is not all you need:
+    pure attention loses rank doubly exponentially with depth"): tokens that collapse to one vector give 1 (up to
+    noise far below the tokens' size, which adds almost nothing), ``k`` orthogonal tokens of equal norm ``k``, a
+    zero matrix 0.
+  - *centred*, of ``X - 1 mean(X)^T``: the number of directions the tokens spread in around their mean (``N``
+    orthogonal tokens of equal norm give ``N - 1``). It is scale-invariant, so it cannot see collapse: a spread a
+    million times smaller than the tokens has the rank of its own shape. It is 0 when there is no spread, i.e.
+    when ``||X - 1 mean(X)^T||_F <= ZERO_SPREAD * ||X||_F`` (:data:`ZERO_SPREAD` = 1e-6, about 8 float32 roundings;
+    identical tokens give exactly 0). Read it beside the rank residual, which measures the spread's size.
+- **rank residual** (Dong et al. 2021): ``||X - 1 x^T||_F / ||X||_F`` with ``x`` the best rank-one fit of the form
+  ``1 x^T``, which in the Frobenius norm is the mean token (the paper bounds the composite l1/l-inf norm; the
+  Frobenius form is the one measured here). 0 when all tokens are equal: rank collapse.
+- **artifact tokens** (Darcet et al. 2024, "Vision Transformers Need Registers"): high-norm outlier tokens, found
+  from the distribution of the patch-token L2 norms of one block *pooled over all the probed images*. Darcet et al.
+  see that distribution split into two modes, the high one about 2 % of the tokens, and cut between them at a
+  fixed norm (150 for DINOv2 ViT-g). vitlab's models differ in scale, so the cut is relative: a token is an
+  artifact when its norm exceeds both ``ARTIFACT_RATIO`` (3) times the 90th percentile of the pooled norms and
+  ``exp(m + k * 1.4826 * MAD)`` of the pooled log norms (median ``m``, ``k`` = :data:`ARTIFACT_K` = 6 robust
+  standard deviations), so neither a narrow bulk nor a broad one puts a cut inside itself. The reference is the
+  90th percentile, not the median, because at initialisation the norms of MNIST digits upsampled to 224 pixels are
+  bimodal themselves: most patches are blank and the ink patches up to 6.6 times their norm (every preset's
+  largest norm is at most 1.4 times the 90th percentile there, and on noise images). The rule therefore sees
+  artifacts only while they are under 10 % of the tokens; an image needs :data:`MIN_ARTIFACT_TOKENS` = 16 patch
+  tokens (one artifact per image is then at most 6.25 % of them). With fewer, e.g. the 4 patch tokens of
+  ``vit_mnist_conv_patch14``, the artifact probes are NaN: not measurable. Reported: the norm quantiles, the cut
+  (``artifact_threshold``), the mean count of artifacts per image and the attention mass they receive in the block
+  that reads them (artifacts of the block's *input*, the tokens its keys are made from, by the same rule on the
+  input's pooled norms): from the class-token query and averaged over all queries, and the same for the register
+  tokens.
 - **attention entropy** per head: ``-sum_j A_ij log A_ij`` in nats, averaged over queries and images; ``log T``
   for uniform attention over ``T`` keys. Maps mixed over heads after the softmax (talking heads, re-attention) are
   read before that mix.
@@ -39,11 +57,18 @@ from torch import Tensor, nn
 
 from vitlab.errors import ConfigError
 
-ARTIFACT_K = 6.0  # robust standard deviations above the median norm that make a token an outlier
+ARTIFACT_K = 6.0  # robust standard deviations of the pooled log norms above their median an artifact must reach
+ARTIFACT_RATIO = 3.0  # ... and times the 90th percentile of the pooled norms
+ARTIFACT_REFERENCE = 0.9  # that percentile: the rule sees artifacts while they are under 10 % of the tokens
+MIN_ARTIFACT_TOKENS = 16  # patch tokens per image the artifact rule needs; fewer: NaN (not measurable)
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+ZERO_SPREAD = 1e-6  # ||X - 1 mean(X)^T||_F / ||X||_F at or below this is no spread: centred effective rank 0
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
-PROBES = ("token_similarity", "effective_rank", "rank_residual", "artifact_count", "artifact_mass_cls",
-          "artifact_mass_all", "register_mass_cls", "register_mass_all", "attn_entropy", "max_logit")
+PROBES = ("token_similarity", "effective_rank_uncentred", "effective_rank_centred", "rank_residual",
+          "artifact_count", "artifact_threshold", "artifact_mass_cls", "artifact_mass_all", "register_mass_cls",
+          "register_mass_all", "attn_entropy", "max_logit")
+# names in run records written before the two effective ranks: ``effective_rank`` was the centred one
+RENAMED = {"effective_rank": "effective_rank_centred"}
 
 
 def _tokens(x: Tensor) -> Tensor:
@@ -67,18 +92,23 @@ def token_similarity(tokens: Tensor) -> Tensor:
     return ((total - diag) / (n * (n - 1))).cpu()
 
 
-def effective_rank(tokens: Tensor, *, centre: bool = True) -> Tensor:
-    """``(B,)`` effective rank (Roy & Vetterli 2007) of each image's ``(N, D)`` token matrix, centred over the
-    tokens unless ``centre=False``; 0 for a zero matrix."""
-    x = _tokens(tokens)
+def effective_rank(tokens: Tensor, *, centre: bool) -> Tensor:
+    """``(B,)`` effective rank (Roy & Vetterli 2007) of each image's ``(N, D)`` token matrix ``X``.
+
+    ``centre=False``: of ``X`` itself, rank collapse in Dong et al.'s sense (identical tokens 1, a zero matrix 0).
+    ``centre=True``: of ``X - 1 mean(X)^T``, the directions of the spread around the mean token; exactly 0 when
+    that spread is at most :data:`ZERO_SPREAD` of ``||X||_F``: identical tokens give exactly 0, not the rank of
+    their rounding (computed in float64, that rounding is near 1e-16 of their size)."""
+    x = _tokens(tokens).double()
+    size = x.flatten(1).norm(dim=1)
     if centre:
         x = x - x.mean(dim=1, keepdim=True)
-    s = torch.linalg.svdvals(x.double())  # (B, min(N, D))
-    total = s.sum(-1, keepdim=True)
-    p = s / total.clamp_min(1e-300)
+        zero = x.flatten(1).norm(dim=1) <= ZERO_SPREAD * size
+    else:
+        zero = size == 0
+    s = torch.linalg.svdvals(x)  # (B, min(N, D))
+    p = s / s.sum(-1, keepdim=True).clamp_min(1e-300)
     h = -(p * p.clamp_min(1e-300).log()).sum(-1)
-    scale = x.double().abs().amax((1, 2)).clamp_min(1e-300)
-    zero = total.squeeze(-1) <= 1e-9 * scale * s.shape[-1]  # no spread at all (up to rounding)
     return torch.where(zero, torch.zeros_like(h), h.exp()).float().cpu()
 
 
@@ -95,16 +125,44 @@ def token_norms(tokens: Tensor) -> Tensor:
     return _tokens(tokens).norm(dim=-1)
 
 
-def outlier_mask(norms: Tensor, k: float = ARTIFACT_K) -> Tensor:
-    """``(B, N)`` bool: the tokens whose norm exceeds ``median + k * 1.4826 * MAD`` of their image's norms."""
+def _check_rule(k: float, ratio: float) -> None:
+    if not k > 0:
+        raise ConfigError(f"the artifact threshold k must be > 0 robust standard deviations, got {k}; e.g. 6")
+    if not ratio >= 1:
+        raise ConfigError(f"the artifact ratio must be >= 1 (times the 90th percentile norm), got {ratio}; e.g. 3")
+
+
+def artifact_threshold(norms: Tensor, k: float = ARTIFACT_K, ratio: float = ARTIFACT_RATIO) -> float:
+    """The norm above which a token is an artifact, from ``norms`` ``(B, N)`` (one block's patch-token norms, ``B``
+    images) pooled: ``max(ratio * q90, exp(m + k * 1.4826 * MAD))`` with ``q90`` the 90th percentile of the pooled
+    norms and ``m``, ``MAD`` the median and median absolute deviation of their logarithms. NaN (not measurable)
+    when an image has fewer than :data:`MIN_ARTIFACT_TOKENS` patch tokens."""
     if norms.dim() != 2:
         raise ConfigError(f"norms must be (B, N), got shape {tuple(norms.shape)}")
-    if not k > 0:
-        raise ConfigError(f"the outlier threshold k must be > 0 robust standard deviations, got {k}; e.g. 6")
-    med = norms.median(dim=1, keepdim=True).values
-    mad = (norms - med).abs().median(dim=1, keepdim=True).values
-    spread = torch.maximum(MAD_TO_STD * mad, 1e-6 * med.abs())
-    return norms > med + k * spread
+    _check_rule(k, ratio)
+    if norms.shape[1] < MIN_ARTIFACT_TOKENS or norms.shape[0] == 0:
+        return float("nan")
+    v = norms.detach().flatten().double().cpu().sort().values
+    pos = ARTIFACT_REFERENCE * (len(v) - 1)  # linear interpolation between order statistics (torch.quantile's)
+    lo = int(pos)
+    reference = v[lo] + (pos - lo) * (v[min(lo + 1, len(v) - 1)] - v[lo])
+    logs = v.clamp_min(1e-300).log()
+    m = logs[(len(v) - 1) // 2]  # the (lower) median, as torch.median
+    spread = MAD_TO_STD * (logs - m).abs().median()
+    return float(torch.maximum(ratio * reference, (m + k * spread).exp()))
+
+
+def outlier_mask(norms: Tensor, k: float = ARTIFACT_K, ratio: float = ARTIFACT_RATIO) -> Tensor:
+    """``(B, N)`` bool: the artifact tokens, those whose norm exceeds :func:`artifact_threshold` of all ``norms``
+    pooled; all False when not measurable (fewer than :data:`MIN_ARTIFACT_TOKENS` tokens per image)."""
+    return norms > artifact_threshold(norms, k, ratio)
+
+
+def artifact_count(norms: Tensor, k: float = ARTIFACT_K, ratio: float = ARTIFACT_RATIO) -> float:
+    """Mean number of artifact tokens per image of ``norms`` ``(B, N)`` (:func:`outlier_mask`); NaN when not
+    measurable."""
+    t = artifact_threshold(norms, k, ratio)
+    return float((norms > t).sum()) / norms.shape[0] if t == t else float("nan")
 
 
 def attention_mass(attn: Tensor, keys: Tensor, query: int | None = None) -> Tensor:
@@ -140,14 +198,17 @@ class Probes:
     """Per-layer probes of one model on a batch (one entry per self-attention block, in order; means over the
     images unless said). ``attn_entropy`` holds one list of per-head entropies per block; ``norm_quantiles`` one
     dict ``{q: norm}`` per block; ``token_norms`` the ``(L, B, N)`` patch-token norms and ``outliers`` their
-    outlier masks (for figures); ``k`` the outlier rule's threshold."""
+    artifact masks (for figures); ``k`` and ``ratio`` the artifact rule's settings. The artifact probes are NaN
+    (not measurable) with fewer than :data:`MIN_ARTIFACT_TOKENS` patch tokens per image."""
 
     layers: list[int]
     token_similarity: list[float]
-    effective_rank: list[float]
+    effective_rank_uncentred: list[float]
+    effective_rank_centred: list[float]
     rank_residual: list[float]
     norm_quantiles: list[dict[float, float]]
     artifact_count: list[float]
+    artifact_threshold: list[float]
     artifact_mass_cls: list[float]
     artifact_mass_all: list[float]
     register_mass_cls: list[float]
@@ -156,6 +217,7 @@ class Probes:
     max_logit: list[float]
     num_images: int
     k: float = ARTIFACT_K
+    ratio: float = ARTIFACT_RATIO
     token_norms: Tensor | None = field(default=None, repr=False)
     outliers: Tensor | None = field(default=None, repr=False)
 
@@ -192,12 +254,23 @@ class Probes:
 
 def layer_columns(row: dict[str, Any], prefix: str = "probe") -> dict[int, dict[str, Any]]:
     """``{layer: {probe: value}}`` from the ``{prefix}/{probe}/block{i}`` columns of one metrics row: the inverse of
-    :meth:`Probes.columns` (the studies read their runs' per-epoch probes back with it)."""
+    :meth:`Probes.columns` (the studies read their runs' per-epoch probes back with it). Older records' names are
+    read under their current ones (:func:`current_names`)."""
     out: dict[int, dict[str, Any]] = {}
     for name, value in row.items():
         parts = name.split("/")
         if len(parts) == 3 and parts[0] == prefix and parts[2].startswith("block") and parts[2][5:].isdigit():
             out.setdefault(int(parts[2][5:]), {})[parts[1]] = value
+    return {layer: current_names(values) for layer, values in out.items()}
+
+
+def current_names(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (one block's probes) with the names of older records (:data:`RENAMED`: ``effective_rank``, which was
+    the centred rank) replaced by the current ones; a current name already there wins."""
+    out = {name: value for name, value in row.items() if name not in RENAMED}
+    for old, new in RENAMED.items():
+        if old in row and new not in out:
+            out[new] = row[old]
     return out
 
 
@@ -234,10 +307,12 @@ def _layout(model: nn.Module) -> tuple[int, int, int | None]:
 
 
 @torch.no_grad()
-def probe_model(model: nn.Module, x: Tensor, *, k: float = ARTIFACT_K, batch_size: int = 64) -> Probes:
+def probe_model(model: nn.Module, x: Tensor, *, k: float = ARTIFACT_K, ratio: float = ARTIFACT_RATIO,
+                batch_size: int = 64) -> Probes:
     """Every probe on every self-attention block of ``model`` for the model inputs ``x`` ``(B, C, H, W)``, in
     eval mode (:func:`~vitlab.models.eval_mode.analysis_mode`, the caller's mode put back), ``batch_size`` images
-    per forward pass."""
+    per forward pass. The artifact rule (``k``, ``ratio``: :func:`artifact_threshold`) pools each block's norms over
+    all of ``x``, so the result does not depend on ``batch_size``."""
     from vitlab.models.eval_mode import analysis_mode
 
     blocks = list(getattr(model, "blocks", None) or [])
@@ -245,66 +320,80 @@ def probe_model(model: nn.Module, x: Tensor, *, k: float = ARTIFACT_K, batch_siz
         raise ConfigError(f"{type(model).__name__} has no transformer blocks to probe; probe a vitlab model")
     if x.dim() != 4 or len(x) == 0:
         raise ConfigError(f"images must be a non-empty (B, C, H, W) batch, got shape {tuple(x.shape)}")
-    if not k > 0:
-        raise ConfigError(f"the outlier threshold k must be > 0 robust standard deviations, got {k}; e.g. 6")
+    _check_rule(k, ratio)
     front, end, cls_index = _layout(model)
     device = next(model.parameters()).device
     L = len(blocks)
-    sums = {name: torch.zeros(L, dtype=torch.float64) for name in PROBES if name not in ("attn_entropy", "max_logit")}
+    sums = {name: torch.zeros(L, dtype=torch.float64)
+            for name in ("token_similarity", "effective_rank_uncentred", "effective_rank_centred", "rank_residual")}
     entropy: list[Tensor | None] = [None] * L
     logit = [float("-inf")] * L
-    norms: list[list[Tensor]] = [[] for _ in range(L)]
-    masks: list[list[Tensor]] = [[] for _ in range(L)]
+    norms: list[list[Tensor]] = [[] for _ in range(L)]  # per block: (b, N) patch-token norms of its output
+    in_norms: list[list[Tensor]] = [[] for _ in range(L)]  # ... and of its input
+    # per block: (b, T_k) attention each key receives, averaged over heads and all queries / at the class query;
+    # the masses of artifacts and registers are sums of these over their keys, taken once the rule has seen all x
+    to_key_all: list[list[Tensor]] = [[] for _ in range(L)]
+    to_key_cls: list[list[Tensor]] = [[] for _ in range(L)]
     seen = 0
     with analysis_mode(model):
         for chunk in x.split(batch_size):
             with _block_records(blocks) as recs:
                 model(chunk.to(device))
-            b = chunk.shape[0]
             for i, rec in enumerate(recs):
                 out, inp = rec["output"], rec["input"]
                 patches = out[:, front:out.shape[1] - end]
                 sums["token_similarity"][i] += float(token_similarity(patches).sum())
-                sums["effective_rank"][i] += float(effective_rank(patches).sum())
+                sums["effective_rank_uncentred"][i] += float(effective_rank(patches, centre=False).sum())
+                sums["effective_rank_centred"][i] += float(effective_rank(patches, centre=True).sum())
                 sums["rank_residual"][i] += float(rank_residual(patches).sum())
-                n = token_norms(patches)
-                m = outlier_mask(n, k)
-                norms[i].append(n.cpu())
-                masks[i].append(m.cpu())
-                sums["artifact_count"][i] += float(m.sum())
+                norms[i].append(token_norms(patches).cpu())
+                in_norms[i].append(token_norms(inp[:, front:inp.shape[1] - end]).cpu())
                 maps = [a for a in (list(rec["pre_mix"]) or list(rec["maps"])) if a.shape[-2] == a.shape[-1]]
                 if maps:
-                    a = maps[-1]
-                    n_in = token_norms(inp[:, front:inp.shape[1] - end])
-                    keys = torch.zeros(b, a.shape[-1], dtype=torch.bool)
-                    keys[:, front:a.shape[-1] - end] = outlier_mask(n_in, k).cpu()
-                    regs = torch.zeros(a.shape[-1], dtype=torch.bool)
-                    regs[int(cls_index is not None):front] = True
-                    if end:
-                        regs[a.shape[-1] - end:] = True
-                    sums["artifact_mass_all"][i] += float(attention_mass(a, keys).sum())
-                    sums["register_mass_all"][i] += float(attention_mass(a, regs).sum())
+                    a = maps[-1].detach().float()
+                    to_key_all[i].append(a.mean((1, 2)).cpu())
                     if cls_index is not None:
-                        sums["artifact_mass_cls"][i] += float(attention_mass(a, keys, query=cls_index).sum())
-                        sums["register_mass_cls"][i] += float(attention_mass(a, regs, query=cls_index).sum())
+                        to_key_cls[i].append(a[:, :, cls_index].mean(1).cpu())
                     e = head_entropy(a).sum(0).double()
                     entropy[i] = e if entropy[i] is None else entropy[i] + e
                 if rec["logits"]:
                     logit[i] = max(logit[i], max_logit(rec["logits"][-1]))
-            seen += b
+            seen += chunk.shape[0]
     mean = {name: (s / seen).tolist() for name, s in sums.items()}
-    nan = [float("nan")] * L
-    if cls_index is None:
-        mean["artifact_mass_cls"] = mean["register_mass_cls"] = nan
-    if front - int(cls_index is not None) + end == 0:
-        mean["register_mass_cls"] = mean["register_mass_all"] = nan
-    if all(e is None for e in entropy):
-        mean["artifact_mass_all"] = mean["artifact_mass_cls"] = nan
     all_norms = torch.stack([torch.cat(n) for n in norms])  # (L, B, N)
+    thresholds = [artifact_threshold(all_norms[i], k, ratio) for i in range(L)]
+    outliers = all_norms > torch.tensor(thresholds).view(L, 1, 1)  # NaN thresholds flag nothing
+    mean["artifact_threshold"] = thresholds
+    mean["artifact_count"] = [float(outliers[i].sum()) / seen if t == t else float("nan")
+                              for i, t in enumerate(thresholds)]
+    nan = float("nan")
+    for name in ("artifact_mass_cls", "artifact_mass_all", "register_mass_cls", "register_mass_all"):
+        mean[name] = [nan] * L
+    for i in range(L):
+        if not to_key_all[i]:
+            continue
+        t_k = to_key_all[i][0].shape[-1]
+        n_in = torch.cat(in_norms[i])
+        keys = torch.zeros(seen, t_k, dtype=torch.bool)
+        keys[:, front:t_k - end] = n_in > artifact_threshold(n_in, k, ratio)
+        regs = torch.zeros(seen, t_k, dtype=torch.bool)
+        regs[:, int(cls_index is not None):front] = True
+        if end:
+            regs[:, t_k - end:] = True
+        measurable = n_in.shape[1] >= MIN_ARTIFACT_TOKENS
+        has_regs = front - int(cls_index is not None) + end > 0
+        for query, parts in (("all", to_key_all[i]), ("cls", to_key_cls[i])):
+            if not parts:
+                continue
+            to_key = torch.cat(parts)  # (B, T_k)
+            if measurable:
+                mean[f"artifact_mass_{query}"][i] = float((to_key * keys).sum(-1).mean())
+            if has_regs:
+                mean[f"register_mass_{query}"][i] = float((to_key * regs).sum(-1).mean())
     q = torch.tensor(QUANTILES, dtype=torch.float32)
     quant = [dict(zip(QUANTILES, torch.quantile(all_norms[i].flatten(), q).tolist())) for i in range(L)]
     return Probes(
         layers=list(range(L)), norm_quantiles=quant,
         attn_entropy=[(e / seen).tolist() if e is not None else [] for e in entropy],
-        max_logit=[v if math.isfinite(v) else float("nan") for v in logit], num_images=seen, k=k,
-        token_norms=all_norms, outliers=torch.stack([torch.cat(m) for m in masks]), **mean)
+        max_logit=[v if math.isfinite(v) else float("nan") for v in logit], num_images=seen, k=k, ratio=ratio,
+        token_norms=all_norms, outliers=outliers, **mean)

@@ -203,11 +203,11 @@ def per_layer_rows(spec: RunSpec, diag: dict[str, Any]) -> tuple[list[dict], lis
 def probe_rows(spec: RunSpec, diag: dict[str, Any], run_dir: Path) -> tuple[list[dict], list[dict]]:
     """The per-layer probes of one run: at the end (its diagnostics images) and per epoch (the probe columns of its
     ``metrics.jsonl``: the first ``probe_images`` training images), keyed by variant, depth and seed."""
-    from vitlab.analysis.probes import layer_columns
+    from vitlab.analysis.probes import current_names, layer_columns
     from vitlab.train.logging import read_metrics
 
     key = {k: spec.info[k] for k in ("variant", "depth", "seed")}
-    end = [{**key, **r} for r in diag.get("probes", [])]
+    end = [{**key, **current_names(r)} for r in diag.get("probes", [])]
     epochs = [{**key, "epoch": row.get("epoch"), "layer": layer, **values}
               for row in read_metrics(run_dir) for layer, values in sorted(layer_columns(row).items())]
     return end, epochs
@@ -288,10 +288,12 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
             shown.append("probes_epochs.png")
         probe_sections.append(Section(
             "Probes against depth", "Per variant and depth, mean over seeds, on the diagnostics images: the last "
-            "block's token similarity (mean pairwise cosine of the patch tokens; over-smoothing) and effective rank "
-            "of the centred patch tokens (Roy & Vetterli 2007), the largest pre-softmax attention logit of any block "
-            "(Dehghani et al. 2023), and the high-norm artifact tokens per image summed over the blocks (norm > "
-            "median + 6 robust standard deviations; Darcet et al. 2024); below them the same per block at the "
+            "block's token similarity (mean pairwise cosine of the patch tokens; over-smoothing) and uncentred "
+            "effective rank of the patch tokens (Roy & Vetterli 2007; 1 = rank collapse, Dong et al. 2021), the "
+            "largest pre-softmax attention logit of any block (Dehghani et al. 2023), and the high-norm artifact "
+            "tokens per image summed over the blocks (norm > 3 x the 90th percentile of the block's patch norms "
+            "pooled over the images, and > 6 robust standard deviations of their logarithms; Darcet et al. 2024; "
+            "not measurable below 16 patch tokens per image); below them the same per block at the "
             "deepest depth. The per-epoch figure follows the deepest runs during training on a fixed batch of "
             "training images (never test images). docs/analysis.md defines each probe.", shown, files))
     sim_name = f"similarity_depth{max(depths)}.png"
