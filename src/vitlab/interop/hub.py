@@ -54,6 +54,7 @@ PAPERS = {
     "vit5": "Wang et al., ViT-5 (RMSNorm, QK-norm, 2-D RoPE, registers at the end)",
     "registers": "Darcet et al. 2024, Vision Transformers Need Registers",
     "layerscale": "Touvron et al. 2021, Going deeper with Image Transformers (LayerScale)",
+    "conv_stem": "Xiao et al. 2021, Early Convolutions Help Transformers See Better (convolutional stem)",
 }
 HF_DATASETS = {"mnist": "mnist", "mnist-5k": "mnist", "fashion-mnist": "fashion_mnist", "cifar10": "cifar10",
                "cifar100": "cifar100"}
@@ -178,7 +179,8 @@ def _papers(spec: ModelSpec) -> list[str]:
     keys += [k for k, on in (("reattention", cfg.attn == "reattention"),
                              ("talking_heads", cfg.attn == "talking_heads" and cfg.arch != "cait"),
                              ("vit5", cfg.rope_layout == "vit5"), ("registers", cfg.reg_tokens > 0),
-                             ("layerscale", cfg.gate == "layerscale" and cfg.arch != "cait")) if on]
+                             ("layerscale", cfg.gate == "layerscale" and cfg.arch != "cait"),
+                             ("conv_stem", cfg.stem == "conv")) if on]
     return [PAPERS[k] for k in keys]
 
 
