@@ -15,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--img-size/--patch-size/--in-chans/--num-classes, and write OUT as safetensors in vitlab's, "
                     "timm's or the ViT-5 code's layout (--to vit5 also writes .pth, {'model': state}, for its "
                     "main.py --finetune). The architecture comes from --model, a vitlab checkpoint's config, or the "
-                    "shapes of IN.")
+                    "shapes of IN. Every key and shape of IN is checked before a model is built, and NaN or infinite "
+                    "weights are refused unless --allow-nonfinite: one line naming the file and the key, nothing "
+                    "written.")
     p.add_argument("input", metavar="IN", help="weight file (.safetensors, .pth) or vitlab checkpoint directory")
     p.add_argument("output", metavar="OUT", help="output .safetensors file (.pth also with --to vit5)")
     p.add_argument("--from", dest="source", choices=("auto", "vit5"), default="auto",
@@ -36,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="what the head of a class-token ViT state dict reads (its keys do not show it); or --model")
     p.add_argument("--drop-dist-token", action="store_true", help="load a distilled DeiT without its dist token")
     p.add_argument("--overwrite", action="store_true", help="replace OUT when it exists (never a run folder's file)")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="convert weights holding NaN or infinite values (refused by default: a diverged run or a "
+                        "damaged file)")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="read a vitlab checkpoint file whose SHA-256 no longer matches its manifest.json (edited on "
                         "purpose)")
@@ -61,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
         if extra:
             raise ConfigError(f"{', '.join(extra)} do not apply to --from vit5 (the checkpoint's shapes give the "
                               f"architecture); drop them")
-        model = from_vit5(args.input, ema=args.ema, **overrides)
+        model = from_vit5(args.input, ema=args.ema, allow_nonfinite=args.allow_nonfinite, **overrides)
     else:
         if args.ema:
             raise ConfigError("--ema reads a ViT-5 training checkpoint's model_ema; use it with --from vit5")
         model = load_pretrained(args.model, args.input, drop_dist_token=args.drop_dist_token, verify=args.verify,
-                                **overrides)
+                                allow_nonfinite=args.allow_nonfinite, **overrides)
     cfg = model.cfg
     if args.to == "vit5":
         state = to_vit5(model)

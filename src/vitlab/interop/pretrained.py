@@ -24,18 +24,21 @@ from vitlab.checkpoint import read_weights
 from vitlab.checkpoint.data_config import apply_checkpoint_file
 from vitlab.checkpoint.weights import first_line
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.interop.checks import block_indices, check_dtypes, check_finite, expect, naming
 from vitlab.interop.timm_config import config_from_state_dict, config_from_timm
 from vitlab.interop.timm_convert import from_timm_state_dict
 from vitlab.layers import build_pos_embed, resample_abs_pos_embed
 from vitlab.layers.pos_embed import pos_embed_at_grid
 from vitlab.models import ModelConfig, VitlabModel, create_model, get_config
+from vitlab.models.budget import check_budget
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
 _WRAPPERS = ("module.", "_orig_mod.", "model.")  # DDP, torch.compile, Lightning-style key prefixes
 
 
 def load_pretrained(model_or_name: VitlabModel | ModelConfig | str | None = None, path: str | os.PathLike | None = None,
-                    *, drop_dist_token: bool = False, verify: bool = True, **overrides: Any) -> VitlabModel:
+                    *, drop_dist_token: bool = False, verify: bool = True, allow_nonfinite: bool = False,
+                    **overrides: Any) -> VitlabModel:
     """Load weights into a vitlab model, adapting them to its image size, patch size, channels and classes.
 
     ``model_or_name``: a model (loaded in place unless ``overrides`` ask for another shape), a
@@ -46,6 +49,11 @@ def load_pretrained(model_or_name: VitlabModel | ModelConfig | str | None = None
     :class:`ModelConfig` fields; for a name the image size, patch size, channels and classes default to the
     checkpoint's. ``drop_dist_token`` loads a distilled DeiT without its distillation token. ``verify=False`` loads
     a vitlab checkpoint file whose SHA-256 no longer matches its ``manifest.json`` (edited on purpose).
+
+    Every key and shape is checked before the model is allocated (dense floating-point tensors, block indices 0 to
+    N-1 matching the model's depth, then the whole state against the model built on the meta device), and NaN or
+    infinite weights are refused unless ``allow_nonfinite``: one :class:`CheckpointError` line naming the file and
+    the key; a model passed in is left untouched.
     """
     if path is None and isinstance(model_or_name, (str, os.PathLike)) and not str(model_or_name).startswith(
             HUB_PREFIXES) and Path(model_or_name).exists():
@@ -57,19 +65,49 @@ def load_pretrained(model_or_name: VitlabModel | ModelConfig | str | None = None
                               "'path/to/weights.safetensors'), or a 'timm:NAME' to download while online")
     state, file_cfg = read_weights(path, verify=verify)
     state = strip_wrappers(state)
-    model = _target_model(model_or_name, state, file_cfg, overrides)
-    model.load_state_dict(adapt_state_dict(state, model, drop_dist_token=drop_dist_token))
+    with naming(str(path)):
+        check_dtypes(state)
+        check_finite(state, allow_nonfinite)
+        given = isinstance(model_or_name, VitlabModel) and not overrides
+        cfg = model_or_name.cfg if given else _target_config(model_or_name, state, file_cfg, overrides)
+        if not given:
+            check_budget(cfg)  # a model too large to build is refused as create_model would, before the keys
+        check_depth(state, cfg)
+        # every key and shape against the model, built on the meta device (no memory) unless it was passed in
+        adapted = adapt_state_dict(state, model_or_name if given else create_model(cfg, device="meta"),
+                                   drop_dist_token=drop_dist_token)
+    model = model_or_name if given else create_model(cfg)
+    if any(v.is_meta for v in adapted.values()):  # a fresh head (another class count), drawn for real this time
+        adapted = adapt_state_dict(state, model, drop_dist_token=drop_dist_token)
+    model.load_state_dict(adapted)
     return apply_checkpoint_file(model, path)  # pretrained_cfg: a vitlab run's normalisation, for timm.data
 
 
-def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelConfig | None,
-                  overrides: dict) -> VitlabModel:
+def check_depth(state: dict[str, Tensor], cfg: ModelConfig) -> None:
+    """Refuse weights whose blocks do not run ``blocks.0`` to ``blocks.{depth-1}`` (and CaiT's
+    ``blocks_token_only``) of ``cfg``, from the keys alone: a file naming ``blocks.4999`` builds nothing."""
+    families = [("blocks", cfg.depth)] + ([("blocks_token_only", cfg.depth_token_only)] if cfg.arch == "cait" else [])
+    for prefix, depth in families:
+        n = block_indices(state, prefix)
+        if n < depth:
+            raise CheckpointError(f"missing keys {prefix}.{n}.* to {prefix}.{depth - 1}.*: the model has depth "
+                                  f"{depth}, the weights hold {n} blocks, expected {depth}; load them into the model "
+                                  f"they were saved from (pass it as model_or_name, or --model NAME)")
+        if n > depth:
+            raise CheckpointError(f"unexpected keys {prefix}.{depth}.* to {prefix}.{n - 1}.*: the model has depth "
+                                  f"{depth}, the weights hold {n} blocks, expected {depth}; load them into the model "
+                                  f"they were saved from (pass it as model_or_name, or --model NAME)")
+
+
+def _target_config(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelConfig | None,
+                   overrides: dict) -> ModelConfig:
+    """The config of the model the weights go into (built by ``create_model(cfg)``, as before this check)."""
     if isinstance(model_or_name, VitlabModel):
-        return create_model(model_or_name.cfg, **overrides) if overrides else model_or_name
+        return model_or_name.cfg.replace(**overrides)
     if isinstance(model_or_name, ModelConfig):
-        return create_model(model_or_name, **overrides)
+        return model_or_name.replace(**overrides)
     if model_or_name is None and file_cfg is not None:
-        return create_model(file_cfg, **overrides)
+        return file_cfg.replace(**overrides)
     if model_or_name is None:
         base = config_from_state_dict(state, num_heads=overrides.get("num_heads"),
                                       global_pool=overrides.get("global_pool"))
@@ -80,7 +118,7 @@ def _target_model(model_or_name: Any, state: dict[str, Tensor], file_cfg: ModelC
     else:
         raise ConfigError(f"model_or_name must be a vitlab model, a ModelConfig, a preset or 'timm:NAME' name, "
                           f"or None, got {type(model_or_name).__name__}")
-    return create_model(base, **{**source_geometry(state, base), **overrides})
+    return base.replace(**{**source_geometry(state, base), **overrides})
 
 
 def from_timm(timm_model: nn.Module, **overrides) -> VitlabModel:
@@ -123,15 +161,18 @@ def source_geometry(state: dict[str, Tensor], base: ModelConfig) -> dict[str, in
     """``img_size``, ``patch_size``, ``in_chans``, ``num_classes`` (and a convolutional stem's ``stem_chans``) of the
     weights, read from their shapes for an architecture like ``base``; fields the shapes do not show are left out."""
     out: dict[str, int] = {}
-    proj = state.get("patch_embed.proj.weight")
-    first = state.get("patch_embed.conv1.weight" if base.stem == "conv" else "patch_embed.proj.weight")
-    if proj is not None and proj.ndim == 4:
+    kernel = (None, None, None, None)
+    proj = expect(state, "patch_embed.proj.weight", kernel, why=" (embed_dim, channels, patch, patch)")
+    first = expect(state, "patch_embed.conv1.weight" if base.stem == "conv" else "patch_embed.proj.weight", kernel,
+                   why=" (channels out, channels in, kernel, kernel)")
+    head = expect(state, "head.weight", (None, None), why=" (classes, embed_dim)")
+    if proj is not None:
         out["patch_size"] = proj.shape[-1] * (2 if base.stem == "conv" else 1)
-    if first is not None and first.ndim == 4:
+    if first is not None:
         out["in_chans"] = first.shape[1]
         if base.stem == "conv":
             out["stem_chans"] = first.shape[0]
-    out["num_classes"] = state["head.weight"].shape[0] if "head.weight" in state else 0
+    out["num_classes"] = head.shape[0] if head is not None else 0
     pos = state.get("pos_embed")
     if pos is not None and pos.ndim == 3 and "patch_size" in out:
         slots = 0
@@ -176,7 +217,7 @@ def _drop_dist(state: dict[str, Tensor], model: VitlabModel, drop: bool) -> None
     for key in ("dist_token", "head_dist.weight", "head_dist.bias"):
         state.pop(key, None)
     pos = state.get("pos_embed")
-    if pos is not None and pos_slots(model) and model.cfg.class_token:
+    if pos is not None and pos.ndim == 3 and pos_slots(model) and model.cfg.class_token:
         state["pos_embed"] = torch.cat([pos[:, :1], pos[:, 2:]], dim=1)  # [cls, dist, patches] -> [cls, patches]
 
 
@@ -209,12 +250,14 @@ def _adapt_pos_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[
 
 def _adapt_patch_embed(state: dict[str, Tensor], model: VitlabModel, target: dict[str, Tensor]) -> None:
     key = "patch_embed.proj.weight"
-    w = state.get(key)
-    if w is not None and key in target and w.ndim == 4 and w.shape[-2:] != target[key].shape[-2:]:
+    w = state.get(key)  # another width or a malformed kernel: left to the shape check
+    if (w is not None and key in target and w.ndim == 4 and w.numel() and w.shape[0] == target[key].shape[0]
+            and w.shape[-2:] != target[key].shape[-2:]):
         state[key] = resample_patch_kernel(w, target[key].shape[-1])
     first = "patch_embed.conv1.weight" if model.cfg.stem == "conv" else key
     w = state.get(first)
-    if w is not None and first in target and w.ndim == 4 and w.shape[1] != target[first].shape[1]:
+    if (w is not None and first in target and w.ndim == 4 and w.numel() and w.shape[0] == target[first].shape[0]
+            and w.shape[1] != target[first].shape[1]):
         state[first] = adapt_input_channels(w, target[first].shape[1])
 
 
@@ -226,8 +269,8 @@ def _adapt_head(state: dict[str, Tensor], model: VitlabModel, target: dict[str, 
     w = state.get("head.weight")
     if w is not None and w.shape == target["head.weight"].shape:
         return
-    if w is not None and w.shape[-1] != target["head.weight"].shape[-1]:
-        return  # another embed_dim: reported by the shape check
+    if w is not None and (w.ndim != 2 or w.shape[-1] != target["head.weight"].shape[-1]):
+        return  # another embed_dim, or not a matrix: reported by the shape check
     weight = torch.empty_like(target["head.weight"])  # another number of classes: a fresh head, as the model's init
     nn.init.trunc_normal_(weight, std=0.02)
     state["head.weight"], state["head.bias"] = weight, torch.zeros_like(target["head.bias"])

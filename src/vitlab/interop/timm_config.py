@@ -27,6 +27,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import Tensor, nn
 
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.interop.checks import block_indices, expect
 from vitlab.layers import drop_path_rates
 from vitlab.models import ModelConfig
 from vitlab.models.cait import PRESETS as CAIT_PRESETS
@@ -325,22 +326,34 @@ def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = 
     if pe is None or pe.ndim != 4:
         raise CheckpointError("the weights have no 'patch_embed.proj.weight' convolution, so they are not a ViT or "
                               "CaiT state dict; say what they are with a model name (--model NAME)")
+    expect(state, "patch_embed.proj.weight", (None, None, None, None), why=" (embed_dim, channels, patch, patch)")
     dim, in_chans, patch = pe.shape[0], pe.shape[1], pe.shape[-1]
-    depth = 1 + max((int(k.split(".")[1]) for k in state if re.match(r"blocks\.\d+\.", k)), default=-1)
+    of_d = f" (embed_dim {dim}, from patch_embed.proj.weight)"
+    depth = block_indices(state, "blocks", same_keys=True)  # a model read from its shapes has blocks alike
     cait = "blocks_token_only.0.attn.q.weight" in state
-    fc1 = state.get("blocks.0.mlp.fc1.weight", state.get("blocks.0.mlp.fc1_g.weight"))
     parallel = "blocks.0.in_proj.weight" in state  # timm's ParallelScalingBlock (ViT-22B): in_proj = [fc1; qkv]
     if parallel:
-        fc1 = state["blocks.0.in_proj.weight"][:state["blocks.0.in_proj.weight"].shape[0] - 3 * dim]
+        in_proj = expect(state, "blocks.0.in_proj.weight", (None, dim), why=of_d)
+        if in_proj.shape[0] <= 3 * dim:
+            raise CheckpointError(f"blocks.0.in_proj.weight has shape {tuple(in_proj.shape)}, expected (H + {3 * dim}, "
+                                  f"{dim}): the MLP's H rows, then q, k and v")
+        fc1 = in_proj[:in_proj.shape[0] - 3 * dim]
+    else:
+        fc1 = expect(state, "blocks.0.mlp.fc1.weight", (None, dim), why=of_d)
+        fc1 = fc1 if fc1 is not None else expect(state, "blocks.0.mlp.fc1_g.weight", (None, dim), why=of_d)
     if depth == 0 or fc1 is None:
-        raise CheckpointError("the weights have no 'blocks.0.*' transformer blocks of a ViT or CaiT; say what they "
-                              "are with a model name (--model NAME)")
+        raise CheckpointError("the weights have no 'blocks.0.*' transformer blocks of a ViT or CaiT (missing key "
+                              "blocks.0.mlp.fc1.weight); say what they are with a model name (--model NAME)")
     heads = num_heads
     if heads is None and "blocks.0.attn.proj_l.weight" in state:
-        heads = state["blocks.0.attn.proj_l.weight"].shape[0]
+        heads = expect(state, "blocks.0.attn.proj_l.weight", (None, None), why=" (heads, heads)").shape[0]
     for key in ("blocks.0.attn.q_norm.weight", "blocks.0.q_norm.weight"):
         if heads is None and key in state:
-            heads = dim // state[key].shape[0]
+            head_dim = expect(state, key, (None,), why=" (the head dim)").shape[0]
+            if dim % head_dim:
+                raise CheckpointError(f"{key} has shape ({head_dim},), expected a head dim that divides embed_dim "
+                                      f"{dim}")
+            heads = dim // head_dim
     cls_token = "cls_token" in state
     if global_pool is None:
         global_pool = "token" if cait else None if cls_token else "avg"
@@ -353,19 +366,21 @@ def config_from_state_dict(state: dict[str, Tensor], *, num_heads: int | None = 
                               f"load_pretrained('timm:NAME' or a vitlab preset, path) or `vitlab convert IN OUT "
                               f"--model NAME` (e.g. --model timm:vit_small_patch16_224, or --num-heads N "
                               f"--global-pool token|avg)")
-    reg = state["reg_token"].shape[1] if "reg_token" in state else 0
+    reg_token = expect(state, "reg_token", (1, None, dim), why=of_d)
+    reg = reg_token.shape[1] if reg_token is not None else 0
+    head = expect(state, "head.weight", (None, dim), why=of_d)
     f = dict(arch="cait" if cait else "vit", embed_dim=dim, in_chans=in_chans, patch_size=patch, depth=depth,
              num_heads=heads, mlp_ratio=_ratio(fc1.shape[0], dim),
              qkv_bias=("blocks.0.in_proj.bias" if parallel else "blocks.0.attn.qkv.bias") in state,
              norm="layernorm" if {"blocks.0.norm1.bias", "blocks.0.in_norm.bias"} & set(state) else "rmsnorm",
-             num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, class_token=cls_token,
+             num_classes=head.shape[0] if head is not None else 0, class_token=cls_token,
              global_pool=global_pool)
-    pos = state.get("pos_embed")
+    pos = expect(state, "pos_embed", (1, None, dim), why=of_d)
     slots = 0
     if cait:
-        cls_fc1 = state.get("blocks_token_only.0.mlp.fc1.weight")
+        cls_fc1 = expect(state, "blocks_token_only.0.mlp.fc1.weight", (None, dim), why=of_d)
         f.update(attn="talking_heads", gate="layerscale", pos_embed_cls=False, init_values=None,
-                 depth_token_only=1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks_token_only.")),
+                 depth_token_only=block_indices(state, "blocks_token_only", same_keys=True),
                  mlp_ratio_token_only=_ratio(cls_fc1.shape[0], dim) if cls_fc1 is not None else 4.0)
     else:
         f.update(mlp="swiglu" if "blocks.0.mlp.fc1_g.weight" in state else "gelu",

@@ -23,11 +23,23 @@ from torch import Tensor
 
 from vitlab.checkpoint.weights import first_line, read_safetensors
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.interop.checks import block_indices, check_dtypes, check_finite, expect, naming
 from vitlab.models import ModelConfig, VitlabModel, create_model, get_config
 
 _PRESETS = {(384, 12, 6): "vit5_small", (768, 12, 12): "vit5_base", (1024, 24, 16): "vit5_large",
             (1152, 28, 16): "vit5_xlarge"}
 _FREQS = re.compile(r"^blocks\.(\d+)\.attn\.(rope|rope_reg)\.freqs$")
+# the keys of the official vit_models (and DeiT-III's, which it extends): outside the blocks, and in each block
+_TOP_KEYS = ("cls_token", "reg_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias", "norm.weight",
+             "norm.bias", "head.weight", "head.bias")
+_BLOCK_KEYS = ("gamma_1", "gamma_2", "norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
+               "attn.proj.weight", "attn.proj.bias", "attn.rope.freqs", "attn.rope_reg.freqs", "attn.q_norm.weight",
+               "attn.k_norm.weight", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight",
+               "mlp.fc2.bias")
+_BLOCK_REQUIRED = ("norm1.weight", "attn.qkv.weight", "attn.proj.weight", "attn.proj.bias", "norm2.weight",
+                   "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias")
+_NOT_VIT5 = ("not a ViT-5 state dict (no patch_embed.proj.weight or blocks.0.attn.qkv.weight); pass the checkpoint the "
+             "ViT-5 code saved, or load vitlab/timm weights with vitlab.load_pretrained")
 
 
 def read_vit5(path_or_state_dict: str | os.PathLike | dict[str, Tensor], *, ema: bool = False) -> dict[str, Tensor]:
@@ -85,16 +97,10 @@ def official_freqs(head_dim: int, theta: float) -> Tensor:
 def vit5_config(state: dict[str, Tensor], **overrides: Any) -> ModelConfig:
     """The :class:`ModelConfig` of an official ViT-5 (or DeiT-III LayerScale) state dict, read from its shapes;
     ``overrides`` are :class:`ModelConfig` fields (another ``img_size`` or ``num_classes`` adapts the weights)."""
-    proj = state.get("patch_embed.proj.weight")
-    if proj is None or proj.ndim != 4 or "blocks.0.attn.qkv.weight" not in state:
-        raise CheckpointError("not a ViT-5 state dict (no patch_embed.proj.weight or blocks.0.attn.qkv.weight); "
-                              "pass the checkpoint the ViT-5 code saved, or load vitlab/timm weights with "
-                              "vitlab.load_pretrained")
-    if any(k.startswith("blocks.0.mlp.w") for k in state):
-        raise CheckpointError("the checkpoint's blocks use the official SwiGLU MLP (w1, w2, w3), which the released "
-                              "vit5_* models do not; vitlab has no layout for it")
+    check_vit5_state(state)
+    proj = state["patch_embed.proj.weight"]
     dim, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[-1]
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    depth = block_indices(state)
     head_dim = _head_dim(state, overrides)
     geometry: dict[str, Any] = dict(
         embed_dim=dim, depth=depth, num_heads=dim // head_dim, in_chans=in_chans, patch_size=patch,
@@ -123,10 +129,68 @@ def vit5_config(state: dict[str, Tensor], **overrides: Any) -> ModelConfig:
     return cfg
 
 
+def check_vit5_state(state: dict[str, Tensor]) -> None:
+    """Refuse, before any model is built, a state dict that is not one the official ``vit_models`` saved: a key it
+    does not have, a block index missing (``blocks.0`` to ``blocks.{N-1}``), a block without a key the others hold
+    (or without one every block has), a tensor that is not floating-point and dense, a shape that does not follow
+    from the patch embedding's width ``D``: ``cls_token`` (1, 1, D), ``reg_token`` / ``pos_embed`` (1, N, D),
+    ``qkv`` (3D, D), ``fc1`` (H, D) with one H in every block, ``q_norm`` / ``k_norm`` a head dim dividing D..."""
+    proj = state.get("patch_embed.proj.weight")
+    if proj is None or not any(k.startswith("blocks.") for k in state):
+        raise CheckpointError(_NOT_VIT5)
+    if any(re.match(r"^blocks\.\d+\.mlp\.w[123]\.", k) for k in state):
+        raise CheckpointError("the checkpoint's blocks use the official SwiGLU MLP (w1, w2, w3), which the released "
+                              "vit5_* models do not; vitlab has no layout for it")
+    unexpected = [k for k in state if k not in _TOP_KEYS and not (
+        (m := re.match(r"^blocks\.\d+\.(.+)$", k)) and m.group(1) in _BLOCK_KEYS)]
+    if unexpected:
+        more = f" (+{len(unexpected) - 8} more)" if len(unexpected) > 8 else ""
+        raise CheckpointError(f"unexpected keys {', '.join(unexpected[:8])}{more}, expected only the keys of the ViT-5 "
+                              f"code's vit_models; pass the checkpoint it saved")
+    check_dtypes(state, counters=())
+    expect(state, "patch_embed.proj.weight", (None, None, None, None), why=" (embed_dim, channels, patch, patch)")
+    if proj.shape[-1] != proj.shape[-2]:
+        raise CheckpointError(f"patch_embed.proj.weight has shape {tuple(proj.shape)}, expected a square patch kernel "
+                              f"(embed_dim, channels, p, p)")
+    d = proj.shape[0]
+    of_d = f" (embed_dim {d}, from patch_embed.proj.weight)"
+    depth = block_indices(state, same_keys=True)
+    lacking = [f"blocks.0.{s}" for s in _BLOCK_REQUIRED if f"blocks.0.{s}" not in state]
+    if lacking:  # block 0 lacks it, and (same_keys) so does every block
+        raise CheckpointError(f"missing keys {', '.join(lacking)} (in every block), expected in each block of the "
+                              f"ViT-5 code's vit_models; the file is damaged: re-save the whole state dict")
+    for key, shape in (("patch_embed.proj.bias", (d,)), ("cls_token", (1, 1, d)), ("norm.weight", (d,))):
+        expect(state, key, shape, why=of_d, required=True)
+    for key, shape in (("norm.bias", (d,)), ("reg_token", (1, None, d)), ("pos_embed", (1, None, d)),
+                       ("head.weight", (None, d))):
+        expect(state, key, shape, why=of_d)
+    if "head.weight" in state:
+        expect(state, "head.bias", (state["head.weight"].shape[0],), why=" (one per class of head.weight)")
+    hidden = expect(state, "blocks.0.mlp.fc1.weight", (None, d), why=of_d).shape[0]
+    q = expect(state, "blocks.0.attn.q_norm.weight", (None,), why=" (the head dim)")
+    head_dim = q.shape[0] if q is not None else None
+    if head_dim is not None and d % head_dim:
+        raise CheckpointError(f"blocks.0.attn.q_norm.weight has shape ({head_dim},), expected a head dim that divides "
+                              f"embed_dim {d}")
+    shapes = {"gamma_1": (d,), "gamma_2": (d,), "norm1.weight": (d,), "norm1.bias": (d,), "norm2.weight": (d,),
+              "norm2.bias": (d,), "attn.qkv.weight": (3 * d, d), "attn.qkv.bias": (3 * d,), "attn.proj.weight": (d, d),
+              "attn.proj.bias": (d,), "attn.q_norm.weight": (head_dim,), "attn.k_norm.weight": (head_dim,),
+              "attn.rope.freqs": (None,), "attn.rope_reg.freqs": (None,), "mlp.fc1.weight": (hidden, d),
+              "mlp.fc1.bias": (hidden,), "mlp.fc2.weight": (d, hidden), "mlp.fc2.bias": (d,)}
+    why = f"{of_d[:-1]}, MLP width {hidden} from blocks.0.mlp.fc1.weight, head dim {head_dim})"
+    for i in range(depth):
+        for suffix, shape in shapes.items():
+            expect(state, f"blocks.{i}.{suffix}", shape, why=why)
+
+
 def _head_dim(state: dict[str, Tensor], overrides: dict[str, Any]) -> int:
     dim = state["patch_embed.proj.weight"].shape[0]
     if "num_heads" in overrides:
-        return dim // overrides["num_heads"]
+        heads = overrides["num_heads"]
+        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1 or dim % heads:
+            raise ConfigError(f"num_heads {heads!r} does not divide the checkpoint's embed_dim {dim}; pass the number "
+                              f"of heads it was trained with (--num-heads N)")
+        return dim // heads
     q = state.get("blocks.0.attn.q_norm.weight")
     if q is not None:
         return q.shape[0]
@@ -163,24 +227,33 @@ def check_freqs(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]
 
 
 def from_vit5(path_or_state_dict: str | os.PathLike | dict[str, Tensor], *, ema: bool = False,
-              **create_model_kwargs: Any) -> VitlabModel:
+              allow_nonfinite: bool = False, **create_model_kwargs: Any) -> VitlabModel:
     """A vitlab model carrying the weights of an official ViT-5 checkpoint (a ``.pth`` file the authors' code
     saved, a ``.safetensors`` file, or a state dict), with equal logits.
 
     ``ema=True`` takes the training checkpoint's ``model_ema``. ``create_model_kwargs`` are :class:`ModelConfig`
     fields: ``img_size`` resizes the position table as the authors' ``main.py`` (bicubic, no antialiasing),
-    ``num_classes`` of another count gives a fresh head; every key and shape is checked.
+    ``num_classes`` of another count gives a fresh head. Every key and shape is checked before the model is
+    allocated (:func:`check_vit5_state`, then against the model built on the meta device), and NaN or infinite
+    weights are refused unless ``allow_nonfinite``: one :class:`CheckpointError` line naming the file and the key.
     """
     from vitlab.interop.pretrained import adapt_state_dict
 
+    where = "the state dict" if isinstance(path_or_state_dict, dict) else str(path_or_state_dict)
     state = read_vit5(path_or_state_dict, ema=ema)
-    source = vit5_config(state, **{k: v for k, v in create_model_kwargs.items()
-                                   if k in ("num_heads", "rope_theta", "reg_rope_theta")})
-    cfg = vit5_config(state, **create_model_kwargs)
-    state = check_freqs(state, source)
-    state = {re.sub(r"^blocks\.(\d+)\.gamma_([12])$", r"blocks.\1.ls\2.gamma", k): v for k, v in state.items()}
+    with naming(where):
+        check_vit5_state(state)
+        check_finite(state, allow_nonfinite)
+        source = vit5_config(state, **{k: v for k, v in create_model_kwargs.items()
+                                       if k in ("num_heads", "rope_theta", "reg_rope_theta")})
+        cfg = vit5_config(state, **create_model_kwargs)
+        state = check_freqs(state, source)
+        state = {re.sub(r"^blocks\.(\d+)\.gamma_([12])$", r"blocks.\1.ls\2.gamma", k): v for k, v in state.items()}
+        adapted = adapt_state_dict(state, create_model(cfg, device="meta"))  # every key and shape, no memory yet
     model = create_model(cfg)
-    model.load_state_dict(adapt_state_dict(state, model))
+    if any(v.is_meta for v in adapted.values()):  # a fresh head (another class count), drawn for real this time
+        adapted = adapt_state_dict(state, model)
+    model.load_state_dict(adapted)
     return model
 
 
