@@ -154,3 +154,12 @@ def test_the_json_reader_keeps_good_files(tmp_path):
 
     (tmp_path / "a.json").write_text(json.dumps({"a": [1, 2, {"b": None}]}))
     assert read_json(tmp_path / "a.json", fix="re-save it", error=CheckpointError) == {"a": [1, 2, {"b": None}]}
+
+
+def test_a_hub_folders_config_json_is_read_within_the_limit(tmp_path):
+    from vitlab.interop.hub import read_hub_config
+
+    (tmp_path / "config.json").open("wb").truncate(17 << 20)  # sparse: not read, refused by its size
+    with pytest.raises(CheckpointError) as exc:
+        read_hub_config(tmp_path, verify=False)
+    assert str(tmp_path / "config.json") in str(exc.value) and "more than the 16,777,216 bytes" in str(exc.value)

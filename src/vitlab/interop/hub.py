@@ -31,7 +31,8 @@ from vitlab.checkpoint import CONFIG, FORMAT, WEIGHTS, ModelSpec, load_model, re
 from vitlab.checkpoint import manifest as manifests
 from vitlab.checkpoint.data_config import apply_checkpoint_config, check_run_data
 from vitlab.checkpoint.files import is_run_folder, weights_of
-from vitlab.checkpoint.weights import first_line, read_safetensors, safetensors_bytes
+from vitlab.checkpoint.textfiles import read_json
+from vitlab.checkpoint.weights import read_safetensors, safetensors_bytes
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.models import PRESETS, ModelConfig, create_model, get_config
 from vitlab.models.registry import preset_differences
@@ -350,11 +351,7 @@ def read_hub_config(path: str | os.PathLike, *, verify: bool = True) -> dict[str
     folder's is and checked to describe the model timm builds from ``architecture`` and ``model_args``; unless
     ``verify`` is False, the file is first checked against the folder's ``manifest.json``."""
     file = Path(path) / CONFIG
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{file} cannot be read ({first_line(exc)}); restore the Hub folder from its "
-                              "source") from None
+    config = read_json(file, fix="restore the Hub folder from its source", error=CheckpointError)  # 16 MiB at most
     if verify:
         manifests.verify(file)
     vitlab = config.get(VITLAB_KEY) if isinstance(config, dict) else None
