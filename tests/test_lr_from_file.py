@@ -163,3 +163,14 @@ def test_a_hub_folders_config_json_is_read_within_the_limit(tmp_path):
     with pytest.raises(CheckpointError) as exc:
         read_hub_config(tmp_path, verify=False)
     assert str(tmp_path / "config.json") in str(exc.value) and "more than the 16,777,216 bytes" in str(exc.value)
+
+
+def test_json_lines_nested_too_deeply_are_skipped_like_torn_ones(tmp_path):
+    """A run folder's metrics.jsonl and tracker state, read back on --resume and by the studies."""
+    from vitlab.train import tracking
+    from vitlab.train.logging import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n' + "[" * 5000 + "\n" + '{"epoch": 2}\n')
+    assert read_metrics(tmp_path) == [{"epoch": 1}, {"epoch": 2}]
+    (tmp_path / tracking.STATE).write_text("[" * 5000)
+    assert tracking._previous_run_id(tmp_path, "mlflow") is None

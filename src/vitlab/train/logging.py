@@ -35,7 +35,7 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
         for line in path.read_text(errors="replace").splitlines():
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a torn line, or one nested too deeply to read
                 continue
             if isinstance(row, dict):
                 rows.append(row)

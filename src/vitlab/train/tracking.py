@@ -94,7 +94,7 @@ def numbers(d: dict[str, Any]) -> dict[str, float]:
 def _previous_run_id(out_dir: Path, backend: str) -> str | None:
     try:
         state = json.loads((out_dir / STATE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply to read
         return None
     if isinstance(state, dict) and state.get("backend") == backend and isinstance(state.get("run_id"), str):
         return state["run_id"]
