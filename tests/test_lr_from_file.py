@@ -1,6 +1,7 @@
 """``vitlab depth-study --lr-from FILE`` with a hostile or careless ``sensitivity.csv``: each refusal is one line naming
-``--lr-from FILE`` and the line, exit 2, before the study folder (or any run folder) exists; and the checkpoint JSON
-files read through the same readers (``config.json``, ``manifest.json``) refuse the same shapes of damage."""
+``--lr-from FILE`` and the line, exit 2, before the study folder (or any run folder) exists; and the other JSON files
+a command reads from a folder the user names (a checkpoint's ``config.json`` and ``manifest.json``, a Hub folder's
+``config.json``, a run's ``metrics.jsonl``) refuse or skip the same shapes of damage in one line."""
 
 from __future__ import annotations
 
