@@ -175,3 +175,21 @@ def test_json_lines_nested_too_deeply_are_skipped_like_torn_ones(tmp_path):
     assert read_metrics(tmp_path) == [{"epoch": 1}, {"epoch": 2}]
     (tmp_path / tracking.STATE).write_text("[" * 5000)
     assert tracking._previous_run_id(tmp_path, "mlflow") is None
+
+
+@pytest.mark.parametrize("damage", [b"[" * 5000, b'{"threshold": 0.5, "num_images": 4\xff}', b"[0.5, 4]"],
+                         ids=["nested", "binary", "a-list"])
+def test_a_damaged_diagnostics_json_is_computed_again(tmp_path, damage):
+    """A depth study's per-run diagnostics.json, read back when the study runs again."""
+    import torch
+
+    import vitlab
+    from vitlab.analysis.depth_diagnostics import diagnose
+    from vitlab.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path, vitlab.create_model("vit_mnist", depth=1, embed_dim=16, num_heads=2))
+    (tmp_path / "diagnostics.json").write_bytes(damage)
+    images = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
+    diag = diagnose(tmp_path, images, None, [], (0.1307,), (0.3081,), threshold=0.5)
+    kept = json.loads((tmp_path / "diagnostics.json").read_text())  # written again, whole
+    assert diag["num_images"] == kept["num_images"] == 4 and kept["threshold"] == 0.5 and kept.keys() == diag.keys()

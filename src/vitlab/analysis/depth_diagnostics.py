@@ -7,7 +7,6 @@ from them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,18 @@ from vitlab.errors import CheckpointError
 # what diagnostics.json holds; an older one is recomputed (or, without weights, kept). 2: pre-mix maps of talking
 # heads too (1: re-attention's); 3: the entropy of the softmax maps per layer; 4: the per-layer probes
 DIAG_VERSION = 4
+
+
+def _read_back(path: Path) -> dict[str, Any] | None:
+    """The diagnostics a run folder kept; None when the file is damaged (not JSON, nested too deeply, not an object,
+    over 16 MiB), so that they are computed again."""
+    from vitlab.checkpoint.textfiles import read_json
+
+    try:
+        data = read_json(path, fix="", error=CheckpointError)
+    except CheckpointError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: tuple, std: tuple, *,
@@ -40,8 +51,8 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
     path = run_dir / "diagnostics.json"
     old = None
     if path.is_file() and not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
-        diag = json.loads(path.read_text())
-        if diag.get("threshold") == threshold and diag.get("num_images") == len(images):
+        diag = _read_back(path)
+        if diag is not None and diag.get("threshold") == threshold and diag.get("num_images") == len(images):
             if diag.get("version") == DIAG_VERSION:
                 return diag
             old = diag
