@@ -193,3 +193,38 @@ def test_a_damaged_diagnostics_json_is_computed_again(tmp_path, damage):
     diag = diagnose(tmp_path, images, None, [], (0.1307,), (0.3081,), threshold=0.5)
     kept = json.loads((tmp_path / "diagnostics.json").read_text())  # written again, whole
     assert diag["num_images"] == kept["num_images"] == 4 and kept["threshold"] == 0.5 and kept.keys() == diag.keys()
+
+
+def _verdict_runs(tmp_path: Path) -> tuple[Path, Path]:
+    arms = []
+    for arm, accs in (("a", (0.90, 0.92, 0.91)), ("b", (0.85, 0.88, 0.86))):
+        for seed, acc in enumerate(accs):
+            run = tmp_path / arm / f"run_seed={seed}"
+            run.mkdir(parents=True)
+            (run / "summary.json").write_text(json.dumps({"final_test_acc": acc}))
+            (run / "config.json").write_text(json.dumps({"model": {"num_classes": 10}, "run": {"seed": seed}}))
+            (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "probe/max_logit/0": 10.0 + seed}) + "\n")
+        arms.append(tmp_path / arm)
+    return arms[0], arms[1]
+
+
+@pytest.mark.parametrize("name, damage, needle", [
+    ("summary.json", b"[" * 5000, "summary.json is not valid JSON for vitlab (nested more deeply"),
+    ("summary.json", b'{"final_test_acc": 0.9\xff}', "summary.json line 1: byte 0xff is not UTF-8"),
+    ("summary.json", b"[0.9]", "summary.json is a JSON list, not an object"),
+    ("config.json", b"[" * 5000, "config.json is not valid JSON for vitlab (nested more deeply"),
+], ids=["summary-nested", "summary-binary", "summary-list", "config-nested"])
+def test_vitlab_verdict_names_the_run_and_file_of_damaged_json(tmp_path, capsys, name, damage, needle):
+    a, b = _verdict_runs(tmp_path)
+    (b / "run_seed=1" / name).write_bytes(damage)
+    msg = cli_error(capsys, ["verdict", str(a), str(b)])
+    assert f"run {b / 'run_seed=1'}: {needle}" in msg, msg
+
+
+def test_vitlab_verdict_skips_a_metrics_line_nested_too_deeply(tmp_path, capsys):
+    from vitlab.cli import main
+
+    a, b = _verdict_runs(tmp_path)
+    with (b / "run_seed=1" / "metrics.jsonl").open("a") as fh:
+        fh.write("[" * 5000 + "\n")
+    assert main(["verdict", str(a), str(b), "--metric", "max_logit"]) == 0, capsys.readouterr().err

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.analysis import stats
+from vitlab.checkpoint.textfiles import read_json, read_text
 from vitlab.errors import DataError
 
 SEED_NAME = re.compile(r"_seed=?(\d+)$")
@@ -37,13 +38,33 @@ COLUMNS = ["a", "b", "measure", "effect", "ci_low", "ci_high", "p", "test", "run
            "runs_to_decide"]
 
 
-def _json(path: Path, run: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"run {run}: no {path.name}; it has not finished (train it again, or leave it out)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"run {run}: {path.name} is not valid JSON ({exc}); train the run again") from None
+def _json(path: Path, run: Path) -> dict[str, Any]:
+    """A run file's JSON object; one line naming the run and the file when it is missing, not UTF-8 JSON, nested too
+    deeply, over 16 MiB (:mod:`vitlab.checkpoint.textfiles`) or not an object."""
+    if not path.is_file():
+        raise DataError(f"run {run}: no {path.name}; it has not finished (train it again, or leave it out)")
+    data = read_json(path, name=f"run {run}: {path.name}", fix="train the run again", error=DataError)
+    if not isinstance(data, dict):
+        raise DataError(f"run {run}: {path.name} is a JSON {type(data).__name__}, not an object; train the run again")
+    return data
+
+
+def _metric_rows(run: Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` (at most 256 MiB); a torn or unreadable line is skipped, as on resume."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"run {run}: no metrics.jsonl; train it again with --probe-every")
+    text = read_text(path, name=f"run {run}: metrics.jsonl", fix="train the run again", limit=1 << 28,
+                     error=DataError)
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def run_folders(arm: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -100,7 +121,7 @@ def measure(run: Path, what: str = "acc") -> float:
         summary = _json(run / "summary.json", run)
         return 100 * _finite(run, "final_test_acc", summary.get("final_test_acc"))
     if what == "max_logit":
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = _metric_rows(run)
         last = [r for r in rows if any(k.startswith("probe/max_logit/") for k in r)]
         if not last:
             raise DataError(f"run {run}: no probe/max_logit/* in metrics.jsonl; train it with --probe-every")
