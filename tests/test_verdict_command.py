@@ -108,3 +108,19 @@ def test_study_prefix_and_margins(tmp_path, capsys):
     assert "TOST (margin 1)" in out and "verdict: reproduced" in out
     assert main(["verdict", f"{study}/lr=0.002", f"{study}/lr=0.004", "--margin", "1", "--noninferior"]) == 0
     assert "non-inferiority (margin 1)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("diag", [{}, {"collapse": [{"group": "self_attention"}]}, {"residual_ratios": [{}]},
+                                  {"collapse": "x"}, []])
+def test_a_crafted_diagnostics_file_is_refused_by_name(tmp_path, capsys, diag):
+    a, b = _studies(tmp_path)
+    for arm in (a, b):
+        for run in arm.iterdir():
+            (run / "diagnostics.json").write_text(json.dumps({"collapse": [
+                {"group": "self_attention", "mean_similarity": 0.5, "similar_blocks": [0, 1]}],
+                "residual_ratios": [{"kind": "self_attention", "attn_mean": 0.1 * (1 + run.name.count("1"))}]}))
+    (a / "run_seed=1" / "diagnostics.json").write_text(json.dumps(diag))
+    for metric in ("similarity", "cv_attn"):
+        assert main(["verdict", str(a), str(b), "--metric", metric]) == 2
+        err = capsys.readouterr().err
+        assert "run_seed=1" in err and err.count("\n") == 1 and "Traceback" not in err

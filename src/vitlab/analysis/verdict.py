@@ -115,8 +115,10 @@ def _finite(run: Path, key: str, value: Any) -> float:
 def measure(run: Path, what: str = "acc") -> float:
     """One run's value: ``acc`` (final test accuracy in points), ``max_logit`` (the largest attention logit of any
     layer after the last epoch), ``cv_attn``/``cv_mlp`` (the coefficient of variation over blocks of a depth study's
-    residual ratios), ``similarity`` (the mean cross-layer attention similarity), or any numeric key of
-    ``summary.json`` (e.g. ``final_val_loss``)."""
+    residual ratios), ``similarity`` (the mean cross-layer attention similarity), ``similar_share`` (DeepViT's ratio
+    of similar blocks, Zhou et al. 2021: the share of self-attention blocks whose attention map has a cosine
+    similarity above the study's threshold, 0.9, with another block's), or any numeric key of ``summary.json``
+    (e.g. ``final_val_loss``)."""
     if what == "acc":
         summary = _json(run / "summary.json", run)
         return 100 * _finite(run, "final_test_acc", summary.get("final_test_acc"))
@@ -127,24 +129,33 @@ def measure(run: Path, what: str = "acc") -> float:
             raise DataError(f"run {run}: no probe/max_logit/* in metrics.jsonl; train it with --probe-every")
         return max(_finite(run, k, v) for k, v in last[-1].items() if k.startswith("probe/max_logit/"))
     if what in ("similarity", "similar_share", "cv_attn", "cv_mlp"):
-        diag = _json(run / "diagnostics.json", run)
-        collapse = next((c for c in diag.get("collapse", []) if c["group"] == "self_attention"), None)
-        if what == "similarity" and collapse:
-            return _finite(run, "mean_similarity", collapse["mean_similarity"])
-        if what == "similar_share" and collapse:
-            return sum(1 for n in collapse["similar_blocks"] if n > 0) / len(collapse["similar_blocks"])
-        if collapse is None and what.startswith("simil"):
-            raise DataError(f"run {run}: diagnostics.json has no self-attention collapse record; run the depth "
-                            "study's diagnostics again")
-        branch = what.split("_")[1]
-        ratios = [_finite(run, f"{branch}_mean", r[f"{branch}_mean"]) for r in diag["residual_ratios"]
-                  if r["kind"] == "self_attention"]
-        return statistics.pstdev(ratios) / statistics.fmean(ratios)
+        try:
+            return _diagnostic(run, what, _json(run / "diagnostics.json", run))
+        except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError) as exc:
+            if isinstance(exc, DataError):
+                raise
+            raise DataError(f"run {run}: diagnostics.json has no usable {what} record ({type(exc).__name__}: "
+                            f"{exc}); run the depth study's diagnostics again") from None
     summary = _json(run / "summary.json", run)
     if what not in summary:
         raise DataError(f"run {run}: summary.json has no {what!r}; measures: {', '.join(MEASURES)} or a key of "
                         f"summary.json ({', '.join(sorted(summary))})")
     return _finite(run, what, summary[what])
+
+
+def _diagnostic(run: Path, what: str, diag: dict) -> float:
+    collapse = next((c for c in diag.get("collapse", []) if c["group"] == "self_attention"), None)
+    if what.startswith("simil"):
+        if collapse is None:
+            raise DataError(f"run {run}: diagnostics.json has no self-attention collapse record; run the depth "
+                            "study's diagnostics again")
+        if what == "similarity":
+            return _finite(run, "mean_similarity", collapse["mean_similarity"])
+        return sum(1 for n in collapse["similar_blocks"] if n > 0) / len(collapse["similar_blocks"])
+    branch = what.split("_")[1]
+    ratios = [_finite(run, f"{branch}_mean", r[f"{branch}_mean"]) for r in diag["residual_ratios"]
+              if r["kind"] == "self_attention"]
+    return statistics.pstdev(ratios) / statistics.fmean(ratios)
 
 
 def arm_values(arm: str | Path | Sequence[str | Path], what: str = "acc") -> dict[int, float]:
