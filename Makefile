@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test test-all lint bench
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -18,6 +18,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
+
+# what CI runs: make test, then the tutorial notebook executed top to bottom (docs/tutorial.ipynb)
+test-all: test
+	$(BIN)/python -m pytest -m notebook
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
