@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from _study import finish
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.experiments import executors
@@ -122,11 +123,10 @@ def test_a_ray_cluster_gives_the_same_table(reference, ray_cluster: str, tmp_pat
 
 
 def fake_trainer(cfg: RunConfig, init: str | None = None) -> dict:
-    """A run that writes its summary at once (accuracy from its training seed), as the trainer would."""
+    """A run that writes its record at once (accuracy from its training seed), as the trainer would."""
     out = Path(cfg.output)
-    summary = {"final_test_acc": 0.5 + cfg.seed / 100, "train_time_s": 1.0, "epochs": 1, "params": 10, "macs": 20,
-               "pid": os.getpid()}
-    (out / "summary.json").write_text(json.dumps(summary))
+    summary = finish(cfg, {"final_test_acc": 0.5 + cfg.seed / 100, "train_time_s": 1.0, "epochs": 1, "params": 10,
+                           "macs": 20, "pid": os.getpid()})
     with open(out.parent / "calls.txt", "a") as fh:
         fh.write(f"{out.name}\n")
     return summary
@@ -208,12 +208,17 @@ def test_a_run_that_raises_is_retried_then_failed_but_a_config_error_stops_the_s
 HOLD = r"""
 import json, sys, time
 from pathlib import Path
+import vitlab
+from vitlab.checkpoint import save_checkpoint
+from vitlab.train.config import RunConfig
 from vitlab.train.lock import RunLock
 folder = Path(sys.argv[1])
 lock = RunLock(folder).acquire()
 print("held", flush=True)
 time.sleep(float(sys.argv[2]))
-(folder / "summary.json").write_text(json.dumps({"final_test_acc": 0.99, "by": "other"}))
+cfg = RunConfig(seed=1, threads=1, output=str(folder))  # the record of a finished run, as the other process trains it
+save_checkpoint(folder, vitlab.create_model("vit_mnist"), run_config=cfg.to_dict())
+(folder / "summary.json").write_text(json.dumps({"final_test_acc": 0.99, "epochs": 1, "by": "other"}))
 """
 
 
@@ -229,7 +234,7 @@ def test_a_run_another_process_holds_is_waited_for_not_trained_twice(tmp_path: P
         pairs = run_all(specs(3), tmp_path, trainer=fake_trainer, executor=ExecutorConfig(workers=1))
     finally:
         holder.wait(30)
-    assert pairs[1][1] == {"final_test_acc": 0.99, "by": "other"}
+    assert pairs[1][1] == {"final_test_acc": 0.99, "epochs": 1, "by": "other"}
     assert sorted((tmp_path / "calls.txt").read_text().split()) == ["seed0", "seed2"]
     assert "seed1: another process is training this run; waiting" in capsys.readouterr().err
     assert (tmp_path / "seed1" / LOCK).read_text().split()[0] == str(holder.pid)  # the holder's pid and host

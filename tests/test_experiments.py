@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from _helpers import option_args, read_rows
+from _study import finish
 from vitlab.cli import main
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.experiments import budget, runs
@@ -36,7 +37,7 @@ TINY_RUN = option_args(epochs=1, limit_train=64, limit_test=32, batch_size=32, t
 
 
 class FakeTrainer:
-    """Stands in for the trainer: counts calls and writes a summary.json whose accuracy is a known function."""
+    """Stands in for the trainer: counts calls and writes a run's record whose accuracy is a known function."""
 
     def __init__(self, acc=lambda cfg: 0.5) -> None:
         self.calls: list[RunConfig] = []
@@ -47,8 +48,7 @@ class FakeTrainer:
         summary = {"final_test_acc": self.acc(cfg), "best_test_acc": self.acc(cfg), "train_time_s": 1.0 + cfg.seed,
                    "train_cpu_s": 0.5 + cfg.seed, "wall_time_s": 2.0 + cfg.seed, "epochs": 1, "params": 1000,
                    "macs": 5000}
-        (Path(cfg.output) / "summary.json").write_text(json.dumps(summary))
-        return summary
+        return finish(cfg, summary)
 
 
 # ---------------------------------------------------------------- values

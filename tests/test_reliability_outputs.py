@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from _helpers import cli_error, option_args
+from _study import finish
 from vitlab.cli import main
 from vitlab.experiments import runs
 from vitlab.outputs import FORMAT, MARKER, marked_by
@@ -38,11 +39,9 @@ def user_folder(folder: Path, *names: str) -> Path:
 
 
 def fake_trainer(cfg, init=None) -> dict:
-    """Stands in for the trainer: a finished run's summary.json in the run's folder."""
-    summary = {"final_test_acc": 0.5, "best_test_acc": 0.5, "train_time_s": 1.0, "train_cpu_s": 0.5,
-               "wall_time_s": 2.0, "epochs": 1, "params": 1000, "macs": 5000}
-    (Path(cfg.output) / "summary.json").write_text(json.dumps(summary))
-    return summary
+    """Stands in for the trainer: a finished run's record (checkpoint, summary.json) in the run's folder."""
+    return finish(cfg, {"final_test_acc": 0.5, "best_test_acc": 0.5, "train_time_s": 1.0, "train_cpu_s": 0.5,
+                        "wall_time_s": 2.0, "epochs": 1, "params": 1000, "macs": 5000})
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ Any other folder holding a file the command writes (by a user, or another comman
 line naming the files, ``--force`` and another ``--output``. A run folder is never a study's or a report's folder
 (its ``summary.json`` belongs to the run), ``--force`` or not; ``eval`` writes its confusion matrix into the run
 folder by default, so it accepts one. A path the file system cannot hold (a name over its limit, a file where a
-folder belongs) is refused in one line.
+folder belongs) or whose name is not UTF-8 text (the report, written as UTF-8, records it) is refused in one
+line.
 """
 
 from __future__ import annotations
@@ -88,6 +89,22 @@ def check_folder(out: Path, flag: str = "--output") -> None:
         raise ConfigError(f"{flag} {out} cannot be used ({exc.strerror or exc}); pick another {flag}") from None
 
 
+def shown(text: str) -> str:
+    """``text`` as it can be printed and written: each byte of a name that is not UTF-8 (decoded by Python as a
+    lone surrogate) written as ``\\xNN``."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse, in one line, ``text`` that a report (UTF-8: ``index.html``, ``summary.json``) cannot hold: a path
+    whose name is not UTF-8 would let a study train every run and then fail writing its report."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} {shown(text)} holds a name that is not UTF-8 text, which the report (written as "
+                          f"UTF-8) cannot record; rename it, or pick a UTF-8 name") from None
+
+
 def refusal(out: Path, clash: list[str], whose: str, writer: str, flag: str = "--output") -> str:
     """The one-line refusal of a folder (``whose``: what it is) holding ``clash``, which ``writer`` would replace."""
     shown = ", ".join(clash[:6]) + (f" and {len(clash) - 6} more" if len(clash) > 6 else "")
@@ -102,6 +119,7 @@ def check(out: str | Path, command: str, files: Iterable[str], *, force: bool = 
     wrote; ``runs``: a run folder is acceptable (``eval``)."""
     out = Path(out).expanduser()
     check_folder(out, flag)
+    check_text(str(out), flag)
     if not out.is_dir():
         return None
     marked = marked_by(out)

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         parse_pretrained,
         run_compare,
     )
+    from vitlab.experiments.runs import exit_status
     from vitlab.models import get_config
 
     if args.seeds < 1:
@@ -58,11 +59,12 @@ def run(args: argparse.Namespace) -> int:
                                        executor=executor_config(args), force=args.force))
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
-        print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {t['params'] / 1e6:.3f}M params, "
+        print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {(t['params'] or 0) / 1e6:.3f}M params, "
               f"{(macs or 0) / 1e6:.1f} matmul MMACs, training {t['train_time_s']:.1f} s ({t['start']})"
               + ("  [under-trained]" if t["undertrained"] else "")
-              + (f"  [diverged: {t['diverged']} of {t['seeds']} seeds]" if t.get("diverged") else ""))
+              + (f"  [diverged: {t['diverged']} of {t['seeds']} seeds]" if t.get("diverged") else "")
+              + (f"  [failed: {t['failed']} of {t['seeds']} seeds]" if t.get("failed") else ""))
     if result["warning"]:
         print(result["warning"])
     print(f"wrote results.csv, summary.csv, compare.png, index.html to {result['out']}")
-    return 0
+    return exit_status("compare", result["pairs"])  # 0: every run finished; 3: some failed, each named

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         run_depth_study,
         variant_notes,
     )
+    from vitlab.experiments.runs import exit_status
     from vitlab.experiments.values import parse_ints
     from vitlab.train.options import parse_set
 
@@ -91,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
                  else "")
               + f", residual ratio attn {a['ratio_attn_mean_mean']:.3f} mlp {a['ratio_mlp_mean_mean']:.3f}"
               + ("  [under-trained]" if a["undertrained"] else "")
-              + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else ""))
+              + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else "")
+              + (f"  [failed: {a['failed']} of {a['n']} seeds]" if a.get("failed") else ""))
     if result["warning"]:
         print(result["warning"])
     print(f"wrote results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, {', '.join(result['figures'])}"
           f", index.html to {result['out']}")
-    return 0
+    return exit_status("depth-study", result["pairs"])  # 0: every run finished; 3: some failed, each named

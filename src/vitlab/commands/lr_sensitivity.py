@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.errors import ConfigError
     from vitlab.experiments.depth_study import parse_variants, variant_notes
     from vitlab.experiments.lr_sensitivity import LRSensitivityConfig, check_lr_sensitivity, run_lr_sensitivity
+    from vitlab.experiments.runs import exit_status
     from vitlab.experiments.values import parse_ints, split_list
     from vitlab.train.options import parse_set
 
@@ -74,4 +75,4 @@ def run(args: argparse.Namespace) -> int:
               f"max attention logit {s['max_logit']:.3g}")
     print(f"wrote results.csv, summary.csv, sensitivity.csv, logits.csv, {', '.join(result['figures'])}, index.html "
           f"to {result['out']}")
-    return 0
+    return exit_status("lr-sensitivity", result["pairs"])  # 0: every run finished; 3: some failed, each named

@@ -22,9 +22,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sweep", help="hyper-parameter sweep: accuracy and training time against option values",
         description="Train MODEL on DATASET once per value of --param (several --param/--values pairs make a grid) "
-                    "and per seed, each run in its own sub-folder of --output; runs whose summary.json exists are "
-                    "read back, not re-run. Writes results.csv (one row per run), summary.csv (mean and std over "
-                    "seeds), sweep_<param>.png and index.html.")
+                    "and per seed, each run in its own sub-folder of --output; finished runs (their record verified) "
+                    "are read back, not re-run. Writes results.csv (one row per run), summary.csv (mean and std "
+                    "over seeds), sweep_<param>.png and index.html. Exit status 0 when every run finished, 3 when "
+                    "some failed (each named on stderr), 2 for bad input refused before any run trained.")
     p.add_argument("--model", default="vit_mnist", help="preset or timm:NAME (default vit_mnist)")
     p.add_argument("--dataset", default="mnist-5k", help="data set (default mnist-5k)")
     p.add_argument("--param", action="append", default=None, metavar="NAME",
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if given:
         raise ConfigError(f"{', '.join(given)} belong(s) to --search optuna; a grid takes --values only")
     from vitlab.commands.options import base_run_config, command_line, executor_config
+    from vitlab.experiments.runs import exit_status
     from vitlab.experiments.sweep import SweepConfig, parse_params, run_sweep
     from vitlab.train.options import parse_set
 
@@ -92,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "
               f"({a['n']} seeds), training {a['train_time_s_mean']:.1f} s, {a['params'] / 1e6:.3f}M params, "
               f"{a['macs'] / 1e6:.1f} MMACs" + ("  [under-trained]" if a["undertrained"] else "")
-              + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else ""))
+              + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else "")
+              + (f"  [failed: {a['failed']} of {a['n']} seeds]" if a.get("failed") else ""))
     if result["warning"]:
         print(result["warning"])
     print(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to "
           f"{result['out']}")
-    return 0
+    return exit_status("sweep", result["pairs"])  # 0: every run finished; 3: some failed, each named
 
 
 def run_search_command(args: argparse.Namespace) -> int:

@@ -217,7 +217,7 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
               "seeds": a["n"], "params": a["params"], "macs": a["macs"],
               "matmul_macs": a["matmul_macs"], "train_time_s": a["train_time_s_mean"],
               "wall_time_s": a["wall_time_s_mean"], "undertrained": a["undertrained"],
-              "diverged": a["diverged"]} for a in agg]
+              "diverged": a["diverged"], **({"failed": a["failed"]} if "failed" in a else {})} for a in agg]
     write_csv(out / "summary.csv", table)
     plot_compare(agg, out / "compare.png", title)
     first = pairs[0][0].config
@@ -259,19 +259,19 @@ class CompareConfig:
 def run_compare(config: CompareConfig) -> dict[str, Any]:
     """Train (or read back) every run and write the table, figure and report into ``config.output``; returns
     :func:`write_compare`'s result and the study folder (``out``)."""
-    from vitlab.experiments.runs import check_output, run_all, track_study
+    from vitlab.experiments.runs import run_study, track_study
 
     if config.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
     cfg, items = config.run, config.entries
     models = config.models or list(dict.fromkeys(e.model for e in items))
     specs = compare_specs(items, cfg, list(range(config.seeds)))
-    out = check_output(config.output, "compare", force=config.force)
-    pairs = run_all(specs, out, title="compare", finished_only=config.finished_only, executor=config.executor)
+    out, pairs = run_study(specs, config.output, "compare", force=config.force, command=config.command,
+                           title="compare", finished_only=config.finished_only, executor=config.executor)
     meta = {"dataset": cfg.dataset, "models": models,
             "overrides": {e.model: e.overrides for e in items if e.init is None},
             "pretrained": {e.label: e.init for e in items if e.init}, "seeds": config.seeds,
             "run_config": cfg.to_dict()}
     result = write_compare(out, pairs, title=f"Comparison on {cfg.dataset}", command=config.command, meta=meta)
     track_study(out, config.logger, pairs, meta)
-    return {**result, "out": out}
+    return {**result, "out": out, "pairs": pairs}

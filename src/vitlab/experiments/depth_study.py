@@ -393,7 +393,7 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     import sys
 
     from vitlab.data import load_dataset, normalization
-    from vitlab.experiments.runs import check_output, run_all, track_study
+    from vitlab.experiments.runs import run_study, track_study
 
     base_model = check_depth_study(config)
     depths, variants, cfg = sorted(config.depths), config.variants, config.run
@@ -407,8 +407,8 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
             raise ConfigError("give --lr or --lr-from, not both: --lr-from sets each variant's rate")
         rates = best_rates(config.lr_from)
     specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared, rates)
-    out = check_output(config.output, "depth-study", force=config.force)
-    pairs = run_all(specs, out, title="depth study", finished_only=config.finished_only, executor=config.executor)
+    out, pairs = run_study(specs, config.output, "depth-study", force=config.force, command=config.command,
+                           title="depth study", finished_only=config.finished_only, executor=config.executor)
     # the tables by variant, then depth, then seed, whatever order the runs trained in
     order = {v: i for i, v in enumerate(variants)}
     pairs = sorted(pairs, key=lambda p: (order[p[0].info["variant"]], p[0].info["depth"], p[0].info["seed"]))
@@ -441,4 +441,4 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
                          threshold=config.threshold, title=title, command=config.command, meta=meta,
                          probe_layers=probe_layers, probe_epochs=probe_epochs)
     track_study(out, config.logger, pairs, meta)
-    return {**result, "out": out}
+    return {**result, "out": out, "pairs": pairs}

@@ -2,23 +2,29 @@
 
 Every executor calls the same function per run, :func:`train_task` (read the run back when it finished, else claim
 its folder's lock, train it with :func:`vitlab.experiments.runs.train_run`, return its summary), and the study
-folder is the only state: a run whose ``summary.json`` exists is read back whichever executor trained it, a study
+folder is the only state: a run whose record verifies (:func:`vitlab.experiments.record.finished_run`, the one
+decision of "finished") is read back whichever executor trained it, a study
 killed at any point and started again (with the same or another executor) trains only what had not finished, and
 a run folder whose lock another live process holds (:mod:`vitlab.train.lock`, also across hosts sharing the
 folder) is waited for, never trained twice.
 
 A worker that dies (a killed process, a lost Ray node) or a run that raises costs only that run: it is tried again
-up to ``retries`` times, then reported as failed (a ``failed`` summary, no ``summary.json``, so the next
-invocation tries it again); a :class:`~vitlab.errors.ConfigError` or Ctrl-C stops the study.
+up to ``retries`` times when another attempt can end otherwise (:func:`can_retry`: a killed worker, not a damaged
+file or a full disk), then reported as failed (a ``failed`` summary, no ``summary.json``, so the next invocation
+tries it again; its traceback in the run's ``error.log``, never on the terminal); a
+:class:`~vitlab.errors.ConfigError` or Ctrl-C stops the study. A Ray cluster that does not answer is refused
+within :data:`RAY_CONNECT_TIMEOUT_S`.
 
-One file (about 400 lines) because the three executors share one contract, the task and the retry loop, and are
+One file (about 500 lines) because the three executors share one contract, the task and the retry loop, and are
 read side by side.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import errno
 import os
+import socket
 import sys
 import time
 import traceback
@@ -62,21 +68,6 @@ class ExecutorConfig:
                               "CPUs (and --gpus-per-run) allow")
 
 
-SUMMARY = "summary.json"
-
-
-def read_summary(run_dir: Path) -> dict | None:
-    """The ``summary.json`` of a finished run, or None when the run has not finished."""
-    path = run_dir / SUMMARY
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # torn or unreadable: the run is redone
-    return data if isinstance(data, dict) else None
-
-
 @dataclass
 class RunTask:
     """One run handed to a worker: its folder, its run config, the weights it starts from, and the trainer
@@ -93,31 +84,86 @@ class RunTask:
 def train_task(task: RunTask) -> dict[str, Any]:
     """Train one run, or read it back: the function every executor calls. Returns ``{"status": "done", "summary",
     "ran"}``, ``{"status": "busy"}`` when another live process holds the run's folder, or ``{"status": "error",
-    "error", "config"}`` when the run raised (``config``: a ConfigError, which stops the study)."""
+    "error", "config", "retry", "log"}`` when the run raised: ``error`` one line, ``config`` a ConfigError (which
+    stops the study), ``retry`` whether another attempt can help (:func:`can_retry`), ``log`` the file holding the
+    traceback (the run's ``error.log``; None when it could not be written). Nothing escapes it but Ctrl-C."""
+    from vitlab.experiments.record import finished_run
     from vitlab.train.lock import claim
 
     run_dir = Path(task.run_dir)
-    done = read_summary(run_dir)
-    if done is not None:
-        return {"status": "done", "summary": done, "ran": False}
-    lock = claim(run_dir)
-    if lock is None:
-        return {"status": "busy"}
+    lock = None
     try:
-        done = read_summary(run_dir)  # finished by another process between the look and the claim
+        done = finished_run(run_dir, task.config)
+        if done is not None:
+            return {"status": "done", "summary": done, "ran": False}
+        lock = claim(run_dir)
+        if lock is None:
+            return {"status": "busy"}
+        done = finished_run(run_dir, task.config)  # finished by another process between the look and the claim
         if done is not None:
             return {"status": "done", "summary": done, "ran": False}
         summary = task.trainer(task.config.replace(output=str(run_dir)), init=task.init)
         if not isinstance(summary, dict):
             raise ConfigError(f"the trainer returned {type(summary).__name__} for {run_dir}, not a summary dict")
+        with contextlib.suppress(OSError):
+            (run_dir / ERROR_LOG).unlink(missing_ok=True)  # of an earlier attempt
         return {"status": "done", "summary": summary, "ran": True}
     except ConfigError as exc:
         return {"status": "error", "error": str(exc), "config": True}
     except Exception as exc:  # noqa: BLE001 - the run failed; the study goes on and reports it
-        return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "config": False,
-                "traceback": traceback.format_exc()}
+        return {"status": "error", "error": one_line(exc), "config": False, "retry": can_retry(exc),
+                "log": _write_log(run_dir, task.name, traceback.format_exc())}
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
+
+
+ERROR_LOG = "error.log"  # in a run folder: the traceback of the run's last failed attempt
+# errors of the file system that another attempt meets again: a full disk or quota, a read-only or refused path, a
+# name that exists, is no folder, is too long, or is missing
+PERMANENT_ERRNO = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EEXIST,
+                             errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ENOENT, errno.EFBIG, errno.ELOOP})
+
+
+def can_retry(exc: BaseException) -> bool:
+    """Whether another attempt of a run that raised ``exc`` can end otherwise: not for vitlab's own errors (a
+    damaged checkpoint, data that cannot be read, a write to a full disk: each names its fix) nor for a file system
+    that refuses (:data:`PERMANENT_ERRNO`); yes for the rest (out of memory on a shared GPU, a lost connection). A
+    worker that died is always tried again."""
+    from vitlab.errors import VitlabError
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:  # a WriteError or RuntimeError wrapping a full disk
+        seen.add(id(exc))
+        if isinstance(exc, VitlabError) or (isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNO):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return True
+
+
+def one_line(exc: BaseException) -> str:
+    """The error of a failed run in one line: vitlab's own message as it is, else the type and the first line."""
+    from vitlab.errors import VitlabError
+
+    text = " ".join(str(exc).split())
+    if isinstance(exc, VitlabError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _write_log(run_dir: Path, name: str, text: str) -> str | None:
+    """Write a failed attempt's traceback to the run's :data:`ERROR_LOG`; its path, or None when it cannot be
+    written (no run folder, a full disk)."""
+    from vitlab.atomic import atomic_write_text
+
+    path = run_dir / ERROR_LOG
+    try:
+        if run_dir.is_symlink() or not run_dir.is_dir():
+            return None
+        atomic_write_text(path, f"vitlab: run {name} failed at {time.strftime('%Y-%m-%d %H:%M:%S')}\n{text}")
+    except (OSError, ValueError):
+        return None
+    return str(path)
 
 
 def default_workers(configs: Sequence[Any], pending: int, cores: int | None = None) -> int:
@@ -192,10 +238,7 @@ class InProcess:
 
     def wait(self) -> list[tuple[RunTask, dict]]:
         task = self._queue.popleft()
-        out = train_task(task)
-        if out["status"] == "error" and not out["config"]:
-            print(out.get("traceback", ""), file=sys.stderr, flush=True)
-        return [(task, out)]
+        return [(task, train_task(task))]
 
     def close(self) -> None:
         pass
@@ -285,21 +328,72 @@ def import_ray() -> Any:
     return ray
 
 
+RAY_CONNECT_TIMEOUT_S = 10.0  # how long a Ray cluster's address may take to accept a connection
+# Ray's own attempts to join a cluster, bounded while vitlab imports Ray and connects (a value the user set wins):
+# one attempt at the cluster's GCS instead of 20 (ray._private.node reads RAY_gcs_server_port_wait_time_s as their
+# number) of at most 10 s instead of 30 (RayConfig's py_gcs_connect_timeout_s, read when Ray is imported): a port
+# that accepts connections but is no Ray cluster is refused after about 20 s instead of about 14 minutes
+RAY_BOUNDS = {"RAY_gcs_server_port_wait_time_s": "1", "RAY_py_gcs_connect_timeout_s": "10"}
+
+
+def ray_address(address: str | None) -> str | None:
+    """The cluster a Ray study joins: ``address``, else ``RAY_ADDRESS``; None (or ``auto``/``local``) when Ray
+    finds or starts one itself."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    return None if address in (None, "auto", "local") else address
+
+
+def check_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Refuse, in one line and within ``timeout`` seconds, a cluster address (``HOST:PORT`` or
+    ``ray://HOST:PORT``) where nothing accepts a connection; Ray itself would retry for minutes."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address} is not HOST:PORT (e.g. 10.0.0.5:6379, the address `ray start "
+                          "--head` prints); fix --address or RAY_ADDRESS")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc) or type(exc).__name__)
+    raise ConfigError(f"--address {address}: no Ray cluster answers there within {timeout:g} s ({why}); start one "
+                      f"there with `ray start --head --port {port}`, or fix --address (or RAY_ADDRESS)")
+
+
 class RayTasks:
     """Each task a Ray task (``num_cpus``: the run's threads, ``num_gpus``: ``--gpus-per-run``) on the cluster at
     ``address`` (None: ``RAY_ADDRESS``, else a Ray instance started on this machine); Ray's own retries are off,
-    the study counts attempts itself, so a lost node or a killed worker reads as ``died``."""
+    the study counts attempts itself, so a lost node or a killed worker reads as ``died``. A cluster address is
+    checked first (:func:`check_ray_address`, at most :data:`RAY_CONNECT_TIMEOUT_S`), and Ray's own connection
+    attempts are bounded (:data:`RAY_BOUNDS`) when vitlab is the one to import Ray."""
 
     def __init__(self, address: str | None, cpus: int, gpus: float) -> None:
-        ray = import_ray()
-        self.ray = ray
-        if not ray.is_initialized():
-            try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=True,
-                         configure_logging=False)
-            except ConnectionError as exc:
-                raise ConfigError(f"--address {address or os.environ.get('RAY_ADDRESS')}: no Ray cluster answers "
-                                  f"there ({exc}); start one with `ray start --head` or fix the address") from None
+        import importlib.util
+
+        if "ray" not in sys.modules and importlib.util.find_spec("ray") is None:
+            raise ConfigError(RAY_INSTALL)
+        target = ray_address(address)
+        added: dict[str, str] = {}
+        if target is not None:
+            check_ray_address(target)
+            if "ray" not in sys.modules:  # read when Ray is imported and while it connects; taken back after
+                added = {k: v for k, v in RAY_BOUNDS.items() if k not in os.environ}
+        os.environ.update(added)
+        try:
+            ray = import_ray()
+            self.ray = ray
+            if not ray.is_initialized():
+                ray.init(address=address, include_dashboard=False, log_to_driver=True, configure_logging=False)
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - ConnectionError, a refused or malformed address: one line
+            text = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise ConfigError(f"--address {target or 'auto'}: Ray could not join a cluster there ({text}); start one "
+                              "with `ray start --head` or fix --address (or RAY_ADDRESS)") from None
+        finally:
+            for key in added:
+                os.environ.pop(key, None)
         self._remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(train_task)
         self._refs: dict[Any, RunTask] = {}
         total = ray.cluster_resources()
@@ -387,16 +481,14 @@ def run_tasks(tasks: Sequence[RunTask], executor: Any, *, retries: int = 1,
                 if status == "error" and out.get("config"):
                     raise ConfigError(f"{task.name}: {out['error']}")
                 attempts[task.name] = attempts.get(task.name, 0) + 1
-                why = out["error"]
-                if attempts[task.name] <= retries:
+                why, retry = out["error"], out.get("retry", True)  # a worker that died: retry
+                if retry and attempts[task.name] <= retries:
                     print(f"{task.name}: {why}; trying again ({attempts[task.name]} of {retries} retries)",
                           file=sys.stderr, flush=True)
                     queue.append((0.0, task))
                 else:
-                    summary = {"failed": why, "attempts": attempts[task.name]}
+                    summary = {"failed": why, "attempts": attempts[task.name], "retry": retry, "log": out.get("log")}
                     results[task.name] = summary
-                    print(f"{task.name}: failed after {attempts[task.name]} attempt(s): {why}; reported as failed "
-                          "(run the study again to retry it)", file=sys.stderr, flush=True)
                     if on_end is not None:
                         on_end(task, summary, True)
     finally:

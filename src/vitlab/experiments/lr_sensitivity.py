@@ -205,15 +205,14 @@ def check_lr_sensitivity(config: LRSensitivityConfig) -> None:
 def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     """Train (or read back) every run and write results.csv, summary.csv, sensitivity.csv, logits.csv, the figures,
     summary.json and index.html into ``config.output``."""
-    from vitlab.experiments.runs import check_output, run_all
+    from vitlab.experiments.runs import run_study
 
     check_lr_sensitivity(config)
     depths, lrs = sorted(config.depths), sorted(config.lrs)
     cfg = config.run.replace(probe_images=config.probe_images)
     specs = lr_specs(config.base, depths, config.variants, lrs, list(range(config.seeds)), cfg, config.shared)
-    out = check_output(config.output, "lr-sensitivity", force=config.force)
-    pairs = run_all(specs, out, title="lr sensitivity", finished_only=config.finished_only,
-                    executor=config.executor)
+    out, pairs = run_study(specs, config.output, "lr-sensitivity", force=config.force, command=config.command,
+                           title="lr sensitivity", finished_only=config.finished_only, executor=config.executor)
     rows, logits = [], []
     for spec, summary in pairs:
         row, layers = result_row(spec, summary, out / spec.name)
@@ -222,7 +221,7 @@ def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     l0 = math.log(_num_classes(cfg.dataset, out, pairs))
     meta = {"base": config.base, "dataset": cfg.dataset, "depths": depths, "variants": config.variants, "lrs": lrs,
             "seeds": config.seeds, "uniform_loss": l0, "run_config": cfg.to_dict()}
-    return {**write_study(out, rows, logits, meta, command=config.command), "out": out}
+    return {**write_study(out, rows, logits, meta, command=config.command), "out": out, "pairs": pairs}
 
 
 def _num_classes(dataset: str, out: Path, pairs: list[tuple[RunSpec, dict]]) -> int:

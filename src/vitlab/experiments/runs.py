@@ -1,14 +1,20 @@
 """Running the training runs of a study: each in its own sub-folder of the study, trained in-process or read back
 when it already finished, with one progress line per run; and the study's own folder and tracker run.
 
-A folder whose ``summary.json`` exists is read, not re-run, so a study interrupted half-way resumes where it
-stopped when invoked again. The command-line side (argparse options, the run config they make, the command a
-report shows) is :mod:`vitlab.commands.options`; values given as text are read by :mod:`vitlab.train.options`.
+A run whose record verifies (:mod:`vitlab.experiments.record`: a complete ``summary.json``, its ``config.json``
+under the manifest's checksum and equal to the cell's settings) is read back, not re-run, so a study interrupted
+half-way resumes where it stopped when invoked again; a run folder that can be neither read back nor trained over
+is refused before anything is written. A study ends with :func:`exit_status`: 0 when every run finished,
+:data:`RUNS_FAILED` (3) when some failed, each named in one line. The command-line side (argparse options, the
+run config they make, the command a report shows) is :mod:`vitlab.commands.options`; values given as text are read
+by :mod:`vitlab.train.options`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +24,8 @@ from typing import Any
 
 from vitlab.errors import ConfigError
 from vitlab.experiments.budget import undertrained
-from vitlab.experiments.executors import SUMMARY, ExecutorConfig, RunTask, open_executor, read_summary, run_tasks
+from vitlab.experiments.executors import ExecutorConfig, RunTask, open_executor, run_tasks
+from vitlab.experiments.record import SUMMARY, check_run, finished_run
 from vitlab.experiments.table import diverged, summary_value
 
 Trainer = Callable[..., dict]  # (RunConfig, init=weights path or None) -> the run's summary dict
@@ -47,7 +54,7 @@ def train_run(cfg: Any, init: str | None = None) -> dict:
     except NonFiniteLoss as exc:
         if exc.summary is None:
             raise
-        return record_divergence(run_dir, exc.summary)
+        return record_divergence(run_dir, {**exc.summary, "run_config": cfg.to_dict()})
     if result.exit_code:
         raise KeyboardInterrupt
     return result.summary
@@ -55,7 +62,8 @@ def train_run(cfg: Any, init: str | None = None) -> dict:
 
 def record_divergence(run_dir: Path, summary: dict) -> dict:
     """Write a diverged run's ``summary`` as its ``summary.json`` (so the study reads it back as finished, like
-    any deterministic result) and return it."""
+    any deterministic result) and return it. :func:`train_run` adds the run config it trained (``run_config``):
+    a run that diverged before its first checkpoint has no ``config.json``, and the study compares that instead."""
     from vitlab.atomic import atomic_write_text
 
     atomic_write_text(run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
@@ -76,14 +84,11 @@ class RunSpec:
 
 
 def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, bool]:
-    """``(summary, ran)``: the summary of ``out_dir / spec.name``, training it first unless it finished."""
+    """``(summary, ran)``: the summary of ``out_dir / spec.name``, training it first unless it finished (its record
+    verified by :func:`vitlab.experiments.record.finished_run`)."""
     run_dir = out_dir / spec.name
-    done = read_summary(run_dir)
+    done = finished_run(run_dir, spec.config)
     if done is not None:
-        changed = changed_options(spec.config, run_dir)
-        if changed:
-            raise ConfigError(f"{run_dir} finished with other settings ({'; '.join(changed)}); pass another --output "
-                              "for the new settings, or delete that run's folder to redo it")
         return done, False
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = trainer(spec.config.replace(output=str(run_dir)), init=spec.init)
@@ -93,30 +98,20 @@ def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, b
 
 
 def changed_options(cfg: Any, run_dir: Path) -> list[str]:
-    """The options ``cfg`` sets that differ from those the run in ``run_dir`` was trained with (its
-    ``config.json``): run options against the stored run config, model options against the model that was
-    built. The result-neutral options (:data:`vitlab.train.options.RESULT_NEUTRAL`: device, threads, output...) do
-    not count. Empty when unknown."""
-    from vitlab.checkpoint import ModelSpec, read_config
-    from vitlab.train.options import RESULT_NEUTRAL
+    """The options ``cfg`` sets that differ from those the run in ``run_dir`` was trained with (its ``config.json``,
+    which must verify against its manifest: :class:`~vitlab.experiments.record.UnverifiedRun` otherwise): run
+    options against the stored run config, model options against the model that was built. The result-neutral
+    options (:data:`vitlab.train.options.RESULT_NEUTRAL`: device, threads, output...) do not count."""
+    from vitlab.checkpoint import ModelSpec
+    from vitlab.errors import CheckpointError
+    from vitlab.experiments.record import UnverifiedRun, setting_differences, verified_config
 
     try:
-        config = read_config(run_dir)
-        stored, built = config.get("run"), ModelSpec.from_dict(config["model"]).options()
-    except (ValueError, TypeError, AttributeError):
-        return []
-    if not isinstance(stored, dict):
-        return []
-    out = []
-    for key, value in cfg.to_dict().items():
-        if key in RESULT_NEUTRAL or value is None or key not in stored:
-            continue
-        if key == "model_overrides":
-            have = {**(stored[key] or {}), **built}
-            out += [f"{k} {have.get(k)!r} there, {v!r} now" for k, v in value.items() if have.get(k) != v]
-        elif stored[key] != value:
-            out.append(f"{key} {stored[key]!r} there, {value!r} now")
-    return out
+        config = verified_config(Path(run_dir))
+    except CheckpointError as exc:
+        raise UnverifiedRun(f"the run folder {run_dir} cannot be verified ({str(exc).split('; ')[0]})") from None
+    stored = config["run"] if isinstance(config.get("run"), dict) else {}
+    return setting_differences(cfg, stored, ModelSpec.from_dict(config["model"]).options())
 
 
 class Progress:
@@ -133,15 +128,16 @@ class Progress:
         print(f"[{self.done + 1}/{self.total}] {self.title} {name}: training", file=self.stream, flush=True)
         return time.perf_counter()
 
-    def end(self, name: str, started: float | None, note: str) -> None:
+    def end(self, name: str, started: float | None, note: str, *, failed: bool = False) -> None:
         self.done += 1
         if started is not None:
             self.trained += 1
             self.train_seconds += time.perf_counter() - started
         left = self.total - self.done
         eta = f", about {_duration(left * self.train_seconds / self.trained)} left" if self.trained and left else ""
-        how = "finished" if started is not None else "already finished, read back"
-        print(f"[{self.done}/{self.total}] {self.title} {name}: {how}; {note} "
+        how = "failed" if failed else "finished" if started is not None else "already finished, read back"
+        how += " " if failed else "; "
+        print(f"[{self.done}/{self.total}] {self.title} {name}: {how}{note} "
               f"(elapsed {_duration(time.perf_counter() - self.start)}{eta})", file=self.stream, flush=True)
 
 
@@ -153,26 +149,40 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None = None, title: str = "run",
-            finished_only: bool = False, executor: Any = None) -> list[tuple[RunSpec, dict]]:
-    """Run (or read back) every spec; returns ``(spec, summary)`` pairs in ``specs`` order. ``finished_only``
-    trains nothing: the specs without a finished run are left out (at least one must have finished).
+def plan_runs(specs: Sequence[RunSpec], out_dir: Path, *, title: str = "run", finished_only: bool = False
+              ) -> tuple[list[RunSpec], dict[str, dict], list[RunSpec]]:
+    """Before anything is written: every run's settings validated and its folder judged by
+    :func:`vitlab.experiments.record.check_run`. Returns the specs of the study (``finished_only``: those that
+    finished), the verified summaries of the finished ones by name, and the specs left to train. A run folder
+    that can be neither read back nor trained over is refused here, in one line
+    (:class:`~vitlab.experiments.record.UnverifiedRun`)."""
+    from vitlab.models import get_config
 
-    ``executor`` (:class:`vitlab.experiments.executors.ExecutorConfig`; None: one run at a time in this process)
-    says where the runs train (a ``trainer`` given with worker processes must be importable by them); each calls
-    :func:`vitlab.experiments.executors.train_task`. A run that failed on every attempt is kept in the table with
-    a ``failed`` summary (no ``summary.json``: the next invocation tries it again)."""
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ConfigError(f"two runs of this study share the folder name(s) {', '.join(dup)}; remove the repeated "
                           "values")
-    config = executor if executor is not None else ExecutorConfig(workers=1)
-    config.validate()
+    for spec in specs:
+        try:
+            spec.config.validate()
+            if spec.config.model and not spec.config.model.startswith("timm:"):
+                get_config(spec.config.model, **dict(spec.config.model_overrides or {}))
+        except ConfigError as exc:
+            raise ConfigError(f"the run {spec.name} is invalid: {exc}") from None
+    done: dict[str, dict] = {}
+    pending: list[RunSpec] = []
+    for spec in specs:
+        summary, note = check_run(out_dir / spec.name, spec.config)
+        if summary is not None:
+            done[spec.name] = summary
+            continue
+        pending.append(spec)
+        if note and not finished_only:
+            print(f"{title} {spec.name}: {note}", file=sys.stderr, flush=True)
     if finished_only:
-        finished = {s.name for s in specs if read_summary(out_dir / s.name) is not None}
-        left = [s for s in specs if s.name not in finished]
-        specs = [s for s in specs if s.name in finished]
+        left, specs = pending, [s for s in specs if s.name in done]
+        pending = []
         if not specs:
             raise ConfigError(f"no run of this study has finished in {out_dir} yet; drop --finished-only to train "
                               "them")
@@ -180,21 +190,88 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
             names = ", ".join(s.name for s in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
             print(f"{title}: --finished-only leaves out {len(left)} run(s) not finished yet: {names}",
                   file=sys.stderr, flush=True)
+    return list(specs), done, pending
+
+
+def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None = None, title: str = "run",
+            finished_only: bool = False, executor: Any = None) -> list[tuple[RunSpec, dict]]:
+    """Run (or read back) every spec in the study folder ``out_dir``; returns ``(spec, summary)`` pairs in
+    ``specs`` order. A run is read back only when its record verifies (:func:`vitlab.experiments.record.check_run`).
+    ``finished_only`` trains nothing: the specs without a finished run are left out (at least one must have
+    finished).
+
+    ``executor`` (:class:`vitlab.experiments.executors.ExecutorConfig`; None: one run at a time in this process)
+    says where the runs train (a ``trainer`` given with worker processes must be importable by them); each calls
+    :func:`vitlab.experiments.executors.train_task`. A run that failed is kept in the table with a ``failed``
+    summary (no ``summary.json``: the next invocation tries it again); :func:`exit_status` says so.
+    :func:`run_study` does the same and claims the study folder once nothing is left to refuse."""
+    config = executor if executor is not None else ExecutorConfig(workers=1)
+    config.validate()
+    specs, done, pending = plan_runs(specs, out_dir, title=title, finished_only=finished_only)
+    pool = open_executor(config, [s.config for s in pending], len(pending)) if pending else None
+    return _execute(specs, out_dir, done, pending, pool, config.retries, trainer, title)
+
+
+def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force: bool = False, command: str = "",
+              trainer: Trainer | None = None, title: str = "run", finished_only: bool = False,
+              executor: Any = None) -> tuple[Path, list[tuple[RunSpec, dict]]]:
+    """:func:`run_all` for a ``kind`` study (a key of :data:`STUDY_FILES`) into the folder ``output``, in the order
+    of the folder rule (:mod:`vitlab.outputs`): everything that can refuse the study does so before the folder is
+    claimed (the folder itself, the report's text ``command``, each run's settings and folder, the executor: Ray
+    installed and its cluster answering), so an input refused at the start leaves no folder behind; a study stopped
+    by an error removes the run folders it created and left empty, and its folder when it created it and nothing is
+    in it. Returns the folder and the pairs."""
+    from vitlab import outputs
+
+    out = Path(output).expanduser()
+    outputs.check(out, kind, STUDY_FILES[kind], force=force, study=True)
+    outputs.check_text(command, "the command line")
+    config = executor if executor is not None else ExecutorConfig(workers=1)
+    config.validate()
+    specs, done, pending = plan_runs(specs, out, title=title, finished_only=finished_only)
+    new = not os.path.lexists(out)
+    made = [s.name for s in pending if not os.path.lexists(out / s.name)]
+    pool = open_executor(config, [s.config for s in pending], len(pending)) if pending else None
+    try:
+        out = check_output(out, kind, force=force)
+    except BaseException:
+        if pool is not None:
+            pool[0].close()
+        raise
+    try:
+        return out, _execute(specs, out, done, pending, pool, config.retries, trainer, title)
+    except BaseException:
+        _remove_if_empty(out, made, new)
+        raise
+
+
+def _remove_if_empty(out: Path, names: Sequence[str], new: bool) -> None:
+    """Remove what a study stopped by an error created and left empty: the run folders ``names`` holding only their
+    lock, then, when ``out`` is ``new``, its marker and the folder itself if nothing else is there."""
+    from vitlab.outputs import MARKER
+    from vitlab.train.lock import LOCK
+
+    for name in names:
+        run_dir = out / name
+        with contextlib.suppress(OSError):
+            if not run_dir.is_symlink() and run_dir.is_dir() and os.listdir(run_dir) == [LOCK]:
+                (run_dir / LOCK).unlink()
+                run_dir.rmdir()
+    with contextlib.suppress(OSError):
+        if new and os.listdir(out) == [MARKER]:
+            (out / MARKER).unlink()
+            out.rmdir()
+
+
+def _execute(specs: Sequence[RunSpec], out_dir: Path, done: dict[str, dict], pending: Sequence[RunSpec],
+             pool: tuple[Any, int | None] | None, retries: int, trainer: Trainer | None,
+             title: str) -> list[tuple[RunSpec, dict]]:
     meter = Progress(len(specs), title)
-    summaries: dict[str, dict] = {}
-    pending = []
+    summaries = dict(done)
     for spec in specs:
-        done = read_summary(out_dir / spec.name)
-        if done is None:
-            pending.append(spec)
-            continue
-        changed = changed_options(spec.config, out_dir / spec.name)
-        if changed:
-            raise ConfigError(f"{out_dir / spec.name} finished with other settings ({'; '.join(changed)}); pass "
-                              "another --output for the new settings, or delete that run's folder to redo it")
-        summaries[spec.name] = done
-        meter.end(spec.name, None, _note(spec, done))
-    if pending:
+        if spec.name in done:
+            meter.end(spec.name, None, _note(spec, done[spec.name]))
+    if pending and pool is not None:
         by_name = {s.name: s for s in pending}
         started: dict[str, float] = {}
 
@@ -202,19 +279,21 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
             started[task.name] = meter.begin(task.name)
 
         def on_end(task: RunTask, summary: dict, ran: bool) -> None:
-            meter.end(task.name, started.get(task.name) if ran else None, _note(by_name[task.name], summary))
+            meter.end(task.name, started.get(task.name) if ran else None, _note(by_name[task.name], summary),
+                      failed=failed(summary))
 
-        pool, threads = open_executor(config, [s.config for s in pending], len(pending))
+        executor, threads = pool
         tasks = [RunTask(s.name, s.config.replace(threads=threads) if threads else s.config, str(out_dir / s.name),
                          trainer or train_run, s.init) for s in pending]  # looked up now: a patched one too
-        summaries.update(run_tasks(tasks, pool, retries=config.retries, on_start=on_start, on_end=on_end))
+        summaries.update(run_tasks(tasks, executor, retries=retries, on_start=on_start, on_end=on_end))
     return [(spec, summaries[spec.name]) for spec in specs]
 
 
 def _note(spec: RunSpec, summary: dict) -> str:
-    """The end of a run's progress line: its test accuracy and marks."""
+    """The end of a run's progress line: its test accuracy and marks, or why it failed."""
     if summary.get("failed"):
-        return f"failed ({summary['failed']})"
+        return (f"after {summary.get('attempts', 1)} attempt(s): {summary['failed']} "
+                f"({'a retry can help' if summary.get('retry') else 'a retry cannot help'})")
     acc = summary_value(summary, "test_acc")
     note = f"test accuracy {100 * acc:.2f}%" if acc == acc else ""
     if diverged(summary):
@@ -225,9 +304,33 @@ def _note(spec: RunSpec, summary: dict) -> str:
 
 
 def failed(summary: dict) -> bool:
-    """Whether a run of a study failed on every attempt (its worker died or it raised): no result, a row marked
-    failed."""
+    """Whether a run of a study failed (its worker died or it raised, on every attempt a retry could help): no
+    result, a row marked failed."""
     return bool(summary.get("failed"))
+
+
+RUNS_FAILED = 3  # the exit status of a study some of whose runs failed (2: bad input, refused before training)
+
+
+def exit_status(command: str, pairs: Sequence[tuple[RunSpec, dict]], stream: Any = None) -> int:
+    """The exit status of a ``vitlab COMMAND`` study that ran ``pairs``: 0 when every run finished, else
+    :data:`RUNS_FAILED`, after one line per failed run on ``stream`` (stderr) naming its cause, whether a retry
+    can help and where its traceback is."""
+    stream = stream or sys.stderr
+    bad = [(spec, summary) for spec, summary in pairs if failed(summary)]
+    for spec, summary in bad:
+        if summary.get("retry"):
+            advice = (f"a retry can help: run the study again (it retried {summary.get('attempts', 1) - 1} "
+                      "time(s); finished runs are read back)")
+        else:
+            advice = "a retry cannot help: fix the cause, then run the study again (finished runs are read back)"
+        log = f"; traceback in {summary['log']}" if summary.get("log") else ""
+        print(f"vitlab {command}: run {spec.name} failed: {summary['failed']}; {advice}{log}", file=stream,
+              flush=True)
+    if bad:
+        print(f"vitlab {command}: {len(bad)} of {len(pairs)} runs failed (rows marked failed); exit status "
+              f"{RUNS_FAILED}", file=stream, flush=True)
+    return RUNS_FAILED if bad else 0
 
 
 def track_study(out: Path, logger: str, pairs: Sequence[tuple[RunSpec, dict]], params: dict[str, Any]) -> None:

@@ -259,8 +259,9 @@ class SweepConfig:
 
 def run_sweep(config: SweepConfig) -> dict[str, Any]:
     """Train (or read back) every run of the sweep and write its tables, figures and report into
-    ``config.output``; returns :func:`write_sweep`'s result and the study folder (``out``)."""
-    from vitlab.experiments.runs import check_output, run_all, track_study
+    ``config.output``; returns :func:`write_sweep`'s result, the study folder (``out``) and the ``(spec, summary)``
+    pairs (``pairs``; :func:`vitlab.experiments.runs.exit_status` tells which failed)."""
+    from vitlab.experiments.runs import run_study, track_study
 
     if config.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
@@ -269,11 +270,11 @@ def run_sweep(config: SweepConfig) -> dict[str, Any]:
         raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
     base = config.base
     specs = sweep_specs(config.model, config.params, list(range(config.seeds)), base, config.fixed)
-    out = check_output(config.output, "sweep", force=config.force)
-    pairs = run_all(specs, out, title="sweep", finished_only=config.finished_only, executor=config.executor)
+    out, pairs = run_study(specs, config.output, "sweep", force=config.force, command=config.command, title="sweep",
+                           finished_only=config.finished_only, executor=config.executor)
     title = f"Sweep of {config.model} on {base.dataset}"
     meta = {"model": config.model, "dataset": base.dataset, "seeds": config.seeds, "fixed_overrides": config.fixed,
             "run_config": base.to_dict()}
     result = write_sweep(out, pairs, config.params, title=title, command=config.command, meta=meta)
     track_study(out, config.logger, pairs, meta)
-    return {**result, "out": out}
+    return {**result, "out": out, "pairs": pairs}

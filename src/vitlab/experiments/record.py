@@ -1,0 +1,176 @@
+"""Whether a run of a study has finished: the one decision every study and every executor asks of a run folder.
+
+A study reads a run back, instead of training it, only when the run's record verifies:
+
+1. ``summary.json`` is a JSON object holding a finite test accuracy in [0, 1] and the epochs it trained, as many as
+   its ``config.json`` asks for (fewer only when it says it diverged or stopped early);
+2. ``config.json`` is there, recorded in ``manifest.json`` and equal to its SHA-256 there, and so is
+   ``model.safetensors`` (:mod:`vitlab.checkpoint.manifest`; ``state.pt`` is checked when a run resumes from it);
+3. the settings in ``config.json`` equal the cell's: every option the study sets, run and model alike, except the
+   result-neutral ones (:data:`vitlab.train.options.RESULT_NEUTRAL`: device, threads, output...).
+
+A run that diverged before its first checkpoint has no ``config.json``; its ``summary.json`` (written by
+:func:`vitlab.experiments.runs.record_divergence`) records the run config it was trained with, and that is compared
+instead (no checksum covers it).
+
+Anything else is not read back. :func:`finished_run` says which of three it is:
+
+- the verified summary: read back;
+- None: train it. Nothing but a summary that is no result would be replaced (no summary yet, or one that is not
+  complete beside a checkpoint that verifies, which the trainer resumes and which rewrites the summary);
+- :class:`UnverifiedRun` (a :class:`~vitlab.errors.ConfigError`, one line): training would replace something that
+  cannot be checked (a checkpoint whose ``config.json`` is missing or fails its checksum, a finished run of other
+  settings, a file where the run folder belongs); the user restores it or deletes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from vitlab.errors import CheckpointError, ConfigError
+
+SUMMARY = "summary.json"
+DELETE = "delete that run's folder to train the run again"
+
+
+class UnverifiedRun(ConfigError):
+    """A run folder of a study that is neither a verified finished run nor safe to train over."""
+
+
+def read_summary(run_dir: Path) -> Any:
+    """The parsed ``summary.json`` of ``run_dir``; None when there is none or it is not JSON."""
+    path = run_dir / SUMMARY
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 24:
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def summary_problem(summary: Any, epochs: Any = None) -> str | None:
+    """Why ``summary`` is not the summary of a finished run (None: it is): ``epochs`` is the number its config
+    asks for (None: unknown, not compared)."""
+    if not isinstance(summary, dict):
+        return "it is not a JSON object"
+    if summary.get("failed"):
+        return "it records a failed run"
+    acc = summary.get("final_test_acc", summary.get("test_acc"))
+    if acc is None:
+        return "it holds no test accuracy"
+    if isinstance(acc, bool) or not isinstance(acc, int | float) or not math.isfinite(acc) or not 0 <= acc <= 1:
+        return f"its test accuracy {acc!r} is not a number in [0, 1]"
+    done = summary.get("epochs")
+    if isinstance(done, bool) or not isinstance(done, int) or done < 0:
+        return f"its epochs {done!r} is not a count of epochs"
+    short = summary.get("diverged") is True or summary.get("stopped_early") is True
+    if isinstance(epochs, int) and not short and done != epochs:
+        return f"it trained {done} of the {epochs} epochs its config.json asks for"
+    return None
+
+
+def setting_differences(cfg: Any, stored: dict[str, Any], built: dict[str, Any] | None = None) -> list[str]:
+    """The options ``cfg`` sets that differ from ``stored`` (a run config as stored), as ``"key A there, B now"``;
+    model options against the options of the model that was built (``built``), when known. The result-neutral
+    options and the options ``cfg`` leaves to the recipe (None) do not count."""
+    from vitlab.train.options import RESULT_NEUTRAL
+
+    out = []
+    for key, value in cfg.to_dict().items():
+        if key in RESULT_NEUTRAL or value is None or key not in stored:
+            continue
+        if key == "model_overrides":
+            have = {**(stored[key] or {}), **(built or {})}
+            out += [f"{k} {have.get(k)!r} there, {v!r} now" for k, v in value.items() if have.get(k) != v]
+        elif stored[key] != value:
+            out.append(f"{key} {stored[key]!r} there, {value!r} now")
+    return out
+
+
+def _checkpoint(run_dir: Path) -> list[str]:
+    """The checkpoint files in ``run_dir`` (what training over the folder would replace)."""
+    from vitlab.checkpoint import CONFIG, MANIFEST, STATE, WEIGHTS
+
+    return [n for n in (CONFIG, WEIGHTS, STATE, MANIFEST) if os.path.lexists(run_dir / n)]
+
+
+def verified_config(run_dir: Path) -> dict[str, Any]:
+    """The ``config.json`` of ``run_dir`` once it and ``model.safetensors`` verify against ``manifest.json``; a
+    :class:`~vitlab.errors.CheckpointError` naming what does not."""
+    from vitlab.checkpoint import CONFIG, MANIFEST, WEIGHTS, read_config
+    from vitlab.checkpoint.manifest import read_manifest, verify
+
+    if not (run_dir / CONFIG).is_file():
+        raise CheckpointError(f"it has no {CONFIG}, so the settings it was trained with are unknown")
+    manifest = read_manifest(run_dir)
+    if manifest is None:
+        raise CheckpointError(f"it has no {MANIFEST}, so its {CONFIG} cannot be checked")
+    for name in (CONFIG, WEIGHTS):
+        if name not in manifest["files"] and name not in (manifest.get("previous") or {}):
+            raise CheckpointError(f"its {MANIFEST} does not record {name} (an older vitlab, or a copy), so it "
+                                  "cannot be checked")
+        if not (run_dir / name).is_file():
+            raise CheckpointError(f"its {name} is missing")
+    config = read_config(run_dir)  # validated, and its SHA-256 checked
+    verify(run_dir / WEIGHTS)
+    return config
+
+
+def _built(config: dict[str, Any]) -> dict[str, Any]:
+    from vitlab.checkpoint import ModelSpec
+
+    try:
+        return ModelSpec.from_dict(config["model"]).options()
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return {}
+
+
+def finished_run(run_dir: str | Path, cfg: Any) -> dict | None:
+    """The verified summary of the finished run in ``run_dir`` for the cell ``cfg`` (a RunConfig); None when the
+    run is to be trained (or resumed); :class:`UnverifiedRun` when it can be neither (see the module)."""
+    return check_run(run_dir, cfg)[0]
+
+
+def check_run(run_dir: str | Path, cfg: Any) -> tuple[dict | None, str | None]:
+    """:func:`finished_run`, with a note saying why a run folder holding a ``summary.json`` is trained (None: it
+    holds none, or it is read back)."""
+    run_dir = Path(run_dir)
+    if os.path.lexists(run_dir) and (run_dir.is_symlink() or not run_dir.is_dir()):
+        raise UnverifiedRun(f"{run_dir} is where this study keeps a run, but it is not a folder; move it away, or "
+                            "pick another --output")
+    if not os.path.lexists(run_dir / SUMMARY):
+        return None, None  # not finished: the trainer starts it, or resumes its checkpoint (which it verifies)
+    summary = read_summary(run_dir)
+    held = _checkpoint(run_dir)
+    if not held:
+        stored = summary.get("run_config") if isinstance(summary, dict) else None
+        if summary_problem(summary) is None and summary.get("diverged") is True and isinstance(stored, dict):
+            changed = setting_differences(cfg, stored)
+            if changed:
+                raise UnverifiedRun(_other_settings(run_dir, changed))
+            return summary, None  # a divergence before the first checkpoint: its recorded settings, compared
+        return None, f"its {SUMMARY} is no verified result (no checkpoint beside it); training the run"
+    try:
+        config = verified_config(run_dir)
+    except CheckpointError as exc:
+        why = str(exc).split("; ")[0]
+        raise UnverifiedRun(f"the run folder {run_dir} cannot be verified ({why}), so its result is not read back, "
+                            f"and training it again would replace its {', '.join(held)}: restore the folder from a "
+                            f"good copy, or {DELETE}") from None
+    stored = config["run"] if isinstance(config.get("run"), dict) else {}
+    changed = setting_differences(cfg, stored, _built(config))
+    if changed:
+        raise UnverifiedRun(_other_settings(run_dir, changed))
+    problem = summary_problem(summary, stored.get("epochs"))
+    if problem is not None:  # the checkpoint verifies: the trainer resumes it and writes the summary again
+        return None, f"its {SUMMARY} is no finished run's ({problem}); resuming its checkpoint"
+    return summary, None
+
+
+def _other_settings(run_dir: Path, changed: list[str]) -> str:
+    return (f"{run_dir} finished with other settings ({'; '.join(changed)}); pass another --output for the new "
+            f"settings, or {DELETE}")
