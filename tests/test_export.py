@@ -77,6 +77,17 @@ def test_timm_loads_the_hub_folder_with_the_logits_of_vitlab_eval(run, hub_dir, 
     (hub_dir / "confusion_matrix.png").unlink()
 
 
+def test_timm_adapts_the_hub_weights_to_another_shape(hub_dir):
+    """Another class count, channel count or image size at creation: the weights adapted as vitlab.load_pretrained
+    adapts them (fresh head, summed/repeated stem, resampled positions), the class names dropped with the head."""
+    same = timm.create_model(f"local-dir:{hub_dir}", pretrained=True)
+    other = timm.create_model(f"local-dir:{hub_dir}", pretrained=True, num_classes=3, in_chans=3, img_size=56).eval()
+    assert other.pretrained_cfg["input_size"] == (3, 56, 56) and "label_names" not in other.pretrained_cfg
+    assert tuple(other(torch.randn(2, 3, 56, 56)).shape) == (2, 3)
+    blocks = {k: v for k, v in same.state_dict().items() if k.startswith("blocks.")}
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in blocks.items())
+
+
 def test_the_model_card_comes_from_the_run_record(run, hub_dir):
     from huggingface_hub.repocard import metadata_load
 
