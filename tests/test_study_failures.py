@@ -86,14 +86,15 @@ def test_a_run_whose_record_does_not_verify_is_refused_not_read_back(finished: P
         finished_run(out / RUN, RunConfig(model="vit_mnist"))
 
 
-@pytest.mark.parametrize("summary", [{}, {"test_acc": "abc"}, {"final_test_acc": float("nan"), "epochs": 1},
-                                     {"final_test_acc": 0.5, "epochs": 0}])
+@pytest.mark.parametrize("summary", ["{}", '{"test_acc": "abc"}', '{"final_test_acc": NaN, "epochs": 1}',
+                                     '{"final_test_acc": 0.5, "epochs": 0}', "[" * 5000 + "]" * 5000, "{torn"])
 def test_a_summary_without_a_result_is_not_a_finished_run(finished: Path, tmp_path: Path, capsys, summary) -> None:
-    """Before: ``{}`` or ``{"test_acc": "abc"}`` was "already finished, read back", a NaN row, exit 0. Now the
-    checkpoint (verified) is resumed and the summary written again: the row holds the run's accuracy."""
+    """Before: ``{}`` or ``{"test_acc": "abc"}`` was "already finished, read back", a NaN row, exit 0 (and JSON
+    nested 5,000 deep a RecursionError). Now the checkpoint (verified) is resumed and the summary written again:
+    the row holds the run's accuracy."""
     out = copy(finished, tmp_path)
     good = json.loads((out / RUN / "summary.json").read_text())
-    (out / RUN / "summary.json").write_text(json.dumps(summary))
+    (out / RUN / "summary.json").write_text(summary)
     assert main([*STUDY, "--output", str(out)]) == 0
     err = capsys.readouterr().err
     assert "already finished, read back" not in err and "resuming its checkpoint" in err, err

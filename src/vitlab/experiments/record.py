@@ -48,7 +48,7 @@ def read_summary(run_dir: Path) -> Any:
         if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 24:
             return None
         return json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, nested deeper than Python reads
         return None
 
 
