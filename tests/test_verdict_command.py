@@ -124,3 +124,10 @@ def test_a_crafted_diagnostics_file_is_refused_by_name(tmp_path, capsys, diag):
         assert main(["verdict", str(a), str(b), "--metric", metric]) == 2
         err = capsys.readouterr().err
         assert "run_seed=1" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_study_folder_with_its_own_summary_is_a_study_not_a_run(tmp_path):
+    a, b = _studies(tmp_path)
+    (a / "summary.json").write_text(json.dumps({"rows": []}))  # a sweep writes its table beside its runs
+    assert compare_runs(a, b).n_a == 3
+    assert compare_runs(a / "run_seed=0", b / "run_seed=0").n_a == 1

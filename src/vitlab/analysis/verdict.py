@@ -74,10 +74,11 @@ def run_folders(arm: str | Path | Sequence[str | Path]) -> list[Path]:
     if not isinstance(arm, str | Path):
         return [run for a in arm for run in run_folders(a)]
     path = Path(arm)
-    if (path / "summary.json").is_file():
-        return [path]
     if path.is_dir():
+        # a study folder holds run folders (a sweep also writes its own summary.json beside them); a run, none
         found = sorted(p for p in path.iterdir() if (p / "summary.json").is_file())
+        if not found and (path / "summary.json").is_file():
+            return [path]
         if not found:
             raise DataError(f"{path}: no finished run there (no sub-folder holds a summary.json); pass a study "
                             "folder, a run folder or STUDY/PREFIX")
