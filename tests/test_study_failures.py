@@ -113,6 +113,28 @@ def test_a_summary_alone_is_trained_over(tmp_path: Path, capsys) -> None:
     assert (out / RUN / "config.json").is_file()
 
 
+def test_a_kept_record_without_weights_is_read_back_and_one_without_a_result_refused(finished: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A run's record kept without its weights (benchmarks/findings_tables.py --keep-runs: summary, config,
+    metrics; no manifest) is read back when its settings equal the cell's; with no result in its summary and nothing
+    to resume from it is refused, not trained over."""
+    from vitlab import checkpoint
+    from vitlab.experiments import record
+
+    assert (record.CONFIG, record.WEIGHTS, record.STATE, record.MANIFEST) == (
+        checkpoint.CONFIG, checkpoint.WEIGHTS, checkpoint.STATE, checkpoint.MANIFEST)
+    out = copy(finished, tmp_path)
+    for name in ("model.safetensors", "state.pt", "manifest.json"):
+        (out / RUN / name).unlink()
+    cfg = RunConfig(model="vit_mnist", epochs=1, model_overrides={"depth": 1, "embed_dim": 16, "num_heads": 2})
+    assert finished_run(out / RUN, cfg)["final_test_acc"] >= 0
+    with pytest.raises(UnverifiedRun, match="epochs 1 there, 2 now"):
+        finished_run(out / RUN, cfg.replace(epochs=2))
+    (out / RUN / "summary.json").write_text("{}")
+    with pytest.raises(UnverifiedRun, match="holds no state.pt to resume from"):
+        finished_run(out / RUN, cfg)
+
+
 def test_every_executor_asks_the_same_question(finished: Path, tmp_path: Path) -> None:
     """train_task (what the in-process, local-worker and Ray executors run) refuses the unverified run too."""
     out = copy(finished, tmp_path)

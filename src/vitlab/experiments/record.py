@@ -9,9 +9,11 @@ A study reads a run back, instead of training it, only when the run's record ver
 3. the settings in ``config.json`` equal the cell's: every option the study sets, run and model alike, except the
    result-neutral ones (:data:`vitlab.train.options.RESULT_NEUTRAL`: device, threads, output...).
 
-A run that diverged before its first checkpoint has no ``config.json``; its ``summary.json`` (written by
-:func:`vitlab.experiments.runs.record_divergence`) records the run config it was trained with, and that is compared
-instead (no checksum covers it).
+Two records carry no manifest, and their settings are compared without a checksum: a run that diverged before its
+first checkpoint has no ``config.json``, and its ``summary.json`` (written by
+:func:`vitlab.experiments.runs.record_divergence`) records the run config it was trained with; a run record kept
+without weights or training state (``benchmarks/findings_tables.py --keep-runs``: summary, config, metrics) has its
+``config.json``, validated. A record holding weights or a training state must have its manifest.
 
 Anything else is not read back. :func:`finished_run` says which of three it is:
 
@@ -20,7 +22,8 @@ Anything else is not read back. :func:`finished_run` says which of three it is:
   complete beside a checkpoint that verifies, which the trainer resumes and which rewrites the summary);
 - :class:`UnverifiedRun` (a :class:`~vitlab.errors.ConfigError`, one line): training would replace something that
   cannot be checked (a checkpoint whose ``config.json`` is missing or fails its checksum, a finished run of other
-  settings, a file where the run folder belongs); the user restores it or deletes it.
+  settings, a record without a result and nothing to resume, a file where the run folder belongs); the user
+  restores it or deletes it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any
 from vitlab.errors import CheckpointError, ConfigError
 
 SUMMARY = "summary.json"
+# the checkpoint's files (vitlab.checkpoint's names; spelled here so that reading a record imports no torch)
+CONFIG, WEIGHTS, STATE, MANIFEST = "config.json", "model.safetensors", "state.pt", "manifest.json"
 DELETE = "delete that run's folder to train the run again"
 
 
@@ -93,30 +98,36 @@ def setting_differences(cfg: Any, stored: dict[str, Any], built: dict[str, Any] 
 
 def _checkpoint(run_dir: Path) -> list[str]:
     """The checkpoint files in ``run_dir`` (what training over the folder would replace)."""
-    from vitlab.checkpoint import CONFIG, MANIFEST, STATE, WEIGHTS
-
     return [n for n in (CONFIG, WEIGHTS, STATE, MANIFEST) if os.path.lexists(run_dir / n)]
 
 
 def verified_config(run_dir: Path) -> dict[str, Any]:
-    """The ``config.json`` of ``run_dir`` once it and ``model.safetensors`` verify against ``manifest.json``; a
-    :class:`~vitlab.errors.CheckpointError` naming what does not."""
-    from vitlab.checkpoint import CONFIG, MANIFEST, WEIGHTS, read_config
+    """The ``config.json`` of ``run_dir``, validated, once it and ``model.safetensors`` verify against
+    ``manifest.json``; a :class:`~vitlab.errors.CheckpointError` naming what does not. A kept run record (summary,
+    config and metrics without weights or training state: ``benchmarks/findings_tables.py --restore-runs``) carries
+    no manifest; its ``config.json`` is validated, not checksummed."""
+    from vitlab.checkpoint import read_config
     from vitlab.checkpoint.manifest import read_manifest, verify
 
     if not (run_dir / CONFIG).is_file():
         raise CheckpointError(f"it has no {CONFIG}, so the settings it was trained with are unknown")
+    weights = [n for n in (WEIGHTS, STATE) if os.path.lexists(run_dir / n)]
     manifest = read_manifest(run_dir)
     if manifest is None:
-        raise CheckpointError(f"it has no {MANIFEST}, so its {CONFIG} cannot be checked")
-    for name in (CONFIG, WEIGHTS):
-        if name not in manifest["files"] and name not in (manifest.get("previous") or {}):
-            raise CheckpointError(f"its {MANIFEST} does not record {name} (an older vitlab, or a copy), so it "
-                                  "cannot be checked")
-        if not (run_dir / name).is_file():
-            raise CheckpointError(f"its {name} is missing")
+        if weights:
+            raise CheckpointError(f"it has no {MANIFEST}, so its {CONFIG} cannot be checked")
+        return read_config(run_dir)  # a kept record: nothing recorded a checksum of it
+    recorded = {**(manifest.get("previous") or {}), **manifest["files"]}
+    if CONFIG not in recorded:
+        raise CheckpointError(f"its {MANIFEST} does not record {CONFIG} (an older vitlab, or a copy), so it cannot "
+                              "be checked")
     config = read_config(run_dir)  # validated, and its SHA-256 checked
-    verify(run_dir / WEIGHTS)
+    if weights and not (run_dir / WEIGHTS).is_file():
+        raise CheckpointError(f"its {WEIGHTS} is missing")
+    if (run_dir / WEIGHTS).is_file():
+        if WEIGHTS not in recorded:
+            raise CheckpointError(f"its {MANIFEST} does not record {WEIGHTS}, so it cannot be checked")
+        verify(run_dir / WEIGHTS)
     return config
 
 
@@ -166,9 +177,12 @@ def check_run(run_dir: str | Path, cfg: Any) -> tuple[dict | None, str | None]:
     if changed:
         raise UnverifiedRun(_other_settings(run_dir, changed))
     problem = summary_problem(summary, stored.get("epochs"))
-    if problem is not None:  # the checkpoint verifies: the trainer resumes it and writes the summary again
-        return None, f"its {SUMMARY} is no finished run's ({problem}); resuming its checkpoint"
-    return summary, None
+    if problem is None:
+        return summary, None
+    if not (run_dir / STATE).is_file():
+        raise UnverifiedRun(f"{run_dir / SUMMARY} is no finished run's ({problem}) and the folder holds no {STATE} "
+                            f"to resume from, so training it again would replace its {', '.join(held)}: {DELETE}")
+    return None, f"its {SUMMARY} is no finished run's ({problem}); resuming its checkpoint"  # written again
 
 
 def _other_settings(run_dir: Path, changed: list[str]) -> str:
