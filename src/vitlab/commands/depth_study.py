@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 DEFAULT_VARIANTS = "vit,layerscale,rezero,skipinit,cait,deepvit"
-ALL_VARIANTS = "vit,layerscale,rezero,skipinit,fixup,tfixup,cait,vit5,deepvit"
+ALL_VARIANTS = "vit,qknorm,layerscale,rezero,skipinit,fixup,tfixup,cait,vit5,deepvit"
 
 
 def register(subparsers: Any) -> None:

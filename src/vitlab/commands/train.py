@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--no-download", dest="download", action="store_false", default=S)
     g.add_argument("--limit-train", type=int, default=S, metavar="N", help="train on a fixed subset of N images")
     g.add_argument("--limit-test", type=int, default=S, metavar="N", help="test on a fixed subset of N images")
+    g.add_argument("--stratify", action="store_true", default=S,
+                   help="draw --limit-train/--limit-test and the --val-split/--val-size hold-out per class, each "
+                        "class keeping its share (a fixed draw, the same on every machine)")
     g.add_argument("--val-split", type=float, default=S, metavar="F",
                    help="hold out a fixed fraction F of the training images and evaluate on them every epoch; "
                    "the test set is then evaluated once, at the end (tune on this, not on the test set)")

@@ -30,6 +30,7 @@ __all__ = [
     "mnist5k_split_indices",
     "normalization",
     "normalize",
+    "stratified_indices",
     "subset_indices",
 ]
 
@@ -279,18 +280,44 @@ def _image_files(folder: Path) -> list[Path]:
                   if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
 
 
-def subset_indices(total: int, n: int | None) -> Tensor | None:
+def subset_indices(total: int, n: int | None, labels: Tensor | None = None) -> Tensor | None:
     """The indices (ascending) of a fixed random ``n`` of ``total`` items; None when ``n`` is None or >= ``total``.
-    They depend on the counts only, so a data set is subset before its images are read or resized."""
+    They depend on the counts only, so a data set is subset before its images are read or resized. With ``labels``
+    the draw is stratified (:func:`stratified_indices`): each class keeps its share of the ``n``."""
     if n is None or n >= total:
         return None
+    if labels is not None:
+        return stratified_indices(labels, n, SUBSET_SEED)
     gen = torch.Generator()
     gen.manual_seed(SUBSET_SEED)
     return torch.randperm(total, generator=gen)[:n].sort().values
 
 
+def stratified_indices(labels: Tensor, n: int, seed: int) -> Tensor:
+    """The indices (ascending) of a fixed draw of ``n`` items that keeps each class's share: class ``c`` of
+    ``count_c`` items gives ``floor(n count_c / total)`` of them, and the ``n`` minus their sum left over go one
+    each to the classes with the largest remainders (ties to the lower class index); within a class the items are a
+    seeded random choice. The same labels, ``n`` and ``seed`` give the same indices on every machine."""
+    labels = torch.as_tensor(labels).long().flatten()
+    total = labels.numel()
+    if not 0 < n <= total:
+        raise ValueError(f"a stratified draw of {n} from {total} items needs 0 < n <= {total}")
+    classes, counts = torch.unique(labels, return_counts=True)
+    exact = [n * int(c) / total for c in counts]
+    take = [int(e) for e in exact]
+    for i in sorted(range(len(exact)), key=lambda i: (-(exact[i] - take[i]), i))[: n - sum(take)]:
+        take[i] += 1
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    picked = []
+    for cls, k in zip(classes.tolist(), take):
+        members = torch.nonzero(labels == cls).flatten()
+        picked.append(members[torch.randperm(members.numel(), generator=gen)[:k]])
+    return torch.cat(picked).sort().values
+
+
 def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
-                      limits: tuple[int | None, int | None] = (None, None)) -> _Parts:
+                      limits: tuple[int | None, int | None] = (None, None), stratify: bool = False) -> _Parts:
     layout = "data_dir/train/<class>/*.png and data_dir/val/<class>/*.png"
     train_dir = data_dir / "train"
     val_dir = next((d for d in (data_dir / "val", data_dir / "test") if d.is_dir()), data_dir / "val")
@@ -316,7 +343,8 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
             files_labels += [(f, index[class_dir.name]) for f in files]
         if not files_labels:
             raise DataError(f"{split_dir} has no class sub-folders; arrange the images as {layout}")
-        keep = subset_indices(len(files_labels), limit)  # only the subset is read and resized
+        labels = torch.tensor([label for _, label in files_labels]) if stratify else None
+        keep = subset_indices(len(files_labels), limit, labels)  # only the subset is read and resized
         if keep is not None:
             files_labels = [files_labels[i] for i in keep.tolist()]
         images = [load_image(f, img_size=img_size, in_chans=in_chans) for f, _ in files_labels]  # (C, H, W) each
@@ -329,7 +357,7 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
 
 def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int, in_chans: int,
                  download: bool = True, root: str | Path | None = None, limit_train: int | None = None,
-                 limit_test: int | None = None) -> tuple[DataSplit, DataSplit]:
+                 limit_test: int | None = None, stratify: bool = False) -> tuple[DataSplit, DataSplit]:
     """Load (train, test) of a data set in memory as uint8 tensors at ``in_chans`` and ``img_size``.
 
     Args:
@@ -342,6 +370,7 @@ def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int
             ``~/.cache/vitlab/data``).
         limit_train, limit_test: keep a fixed random subset of this many images (:func:`subset_indices`), taken
             before the images are resized, so a large ``img_size`` costs memory for the subset only.
+        stratify: draw those subsets per class, each class keeping its share (:func:`stratified_indices`).
     """
     key = _canonical(name)
     if in_chans not in (1, 3):
@@ -358,14 +387,15 @@ def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int
         if folder is None:
             raise DataError("imagefolder needs a folder: pass --data-dir with train/<class>/ and "
                             "val/<class>/ sub-folders of images")
-        parts = _load_imagefolder(folder, img_size, in_chans, (limit_train, limit_test))
+        parts = _load_imagefolder(folder, img_size, in_chans, (limit_train, limit_test), stratify)
     else:
         parts = _load_idx(key, folder) if folder is not None and key in ("mnist", "fashion-mnist") else None
         if parts is None:
             tv_root = folder if folder is not None else (Path(root).expanduser() if root else default_root())
             parts = _load_torchvision(key, tv_root, download)
     xtr, ytr, xte, yte, classes = parts
-    keep_train, keep_test = subset_indices(len(ytr), limit_train), subset_indices(len(yte), limit_test)
+    keep_train = subset_indices(len(ytr), limit_train, ytr if stratify else None)
+    keep_test = subset_indices(len(yte), limit_test, yte if stratify else None)
     if keep_train is not None:
         xtr, ytr = xtr[keep_train], ytr[keep_train]
     if keep_test is not None:

@@ -65,6 +65,7 @@ def _vit5(base: str, depth: int) -> tuple[str, dict]:
 
 VARIANTS: dict[str, Callable[[str, int], tuple[str, dict]]] = {
     "vit": _vit("none"),
+    "qknorm": _vit("none", qk_norm=True),
     "layerscale": _vit("layerscale", layerscale_init=True),
     "rezero": _vit("rezero"),
     "skipinit": _vit("skipinit"),
@@ -82,6 +83,8 @@ VARIANTS: dict[str, Callable[[str, int], tuple[str, dict]]] = {
 }
 DESCRIPTIONS = {
     "vit": "plain pre-norm ViT (gate none)",
+    "qknorm": "the plain pre-norm ViT with QK-layernorm (a LayerNorm on each head's queries and keys before the "
+              "dot product; Dehghani et al. 2023, which Wortsman et al. 2023 find lowers the LR sensitivity)",
     "layerscale": "LayerScale on both branches, init from the CaiT depth rule (cait_init_value(depth))",
     "rezero": "ReZero: one scalar gate per branch, init 0, pre-norms removed",
     "skipinit": "SkipInit: one scalar gate per branch, init 0, pre-norms kept",

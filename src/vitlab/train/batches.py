@@ -15,7 +15,7 @@ from torch import Tensor
 
 from vitlab.data import BatchAugment, DataSplit, load_dataset, normalization, normalize
 from vitlab.data.augment import ThreeAugment
-from vitlab.data.datasets import subset_indices
+from vitlab.data.datasets import stratified_indices, subset_indices
 from vitlab.errors import ConfigError
 from vitlab.train.config import RunConfig, RunModel, for_data
 from vitlab.train.distributed import DistContext, check_batch
@@ -32,10 +32,11 @@ def subset(split: DataSplit, n: int | None) -> DataSplit:
     return DataSplit(split.images[idx], split.labels[idx], list(split.classes))
 
 
-def holdout(split: DataSplit, *, fraction: float | None = None,
-            size: int | None = None) -> tuple[DataSplit, DataSplit | None]:
+def holdout(split: DataSplit, *, fraction: float | None = None, size: int | None = None,
+            stratify: bool = False) -> tuple[DataSplit, DataSplit | None]:
     """(train, validation): a fixed random ``size`` images (or ``fraction`` of them) of a training split held
-    out for validation, both in their original order; (split, None) when neither is given."""
+    out for validation, both in their original order; (split, None) when neither is given. ``stratify``: the
+    held-out images keep each class's share (:func:`vitlab.data.datasets.stratified_indices`), so both parts do."""
     if size is None and fraction is None:
         return split, None
     n = size if size is not None else round(fraction * len(split))
@@ -43,8 +44,14 @@ def holdout(split: DataSplit, *, fraction: float | None = None,
         what = f"--val-size {size}" if size is not None else f"--val-split {fraction}"
         raise ConfigError(f"{what} holds out {n} of the {len(split)} training images; hold out at least one "
                           "and leave at least one to train on")
-    perm = torch.randperm(len(split), generator=generator(VAL_SEED))
-    val_idx, train_idx = perm[:n].sort().values, perm[n:].sort().values
+    if stratify:
+        val_idx = stratified_indices(split.labels, n, VAL_SEED)
+        rest = torch.ones(len(split), dtype=torch.bool)
+        rest[val_idx] = False
+        train_idx = torch.nonzero(rest).flatten()
+    else:
+        perm = torch.randperm(len(split), generator=generator(VAL_SEED))
+        val_idx, train_idx = perm[:n].sort().values, perm[n:].sort().values
     classes = list(split.classes)
     return (DataSplit(split.images[train_idx], split.labels[train_idx], classes),
             DataSplit(split.images[val_idx], split.labels[val_idx], list(classes)))
@@ -86,7 +93,8 @@ def load_run_data(cfg: RunConfig, run_model: RunModel, ctx: DistContext) -> tupl
         ctx.barrier()
     train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
                                            in_chans=in_chans, download=cfg.download and ctx.is_main,
-                                           limit_train=cfg.limit_train, limit_test=cfg.limit_test)  # subset first
+                                           limit_train=cfg.limit_train, limit_test=cfg.limit_test,
+                                           stratify=cfg.stratify)  # subset first
     if ctx.is_main:
         ctx.barrier()
     if len(train_split.classes) < 2:  # one class: always right (accuracy 100%, loss 0), nothing learnt
@@ -95,7 +103,7 @@ def load_run_data(cfg: RunConfig, run_model: RunModel, ctx: DistContext) -> tupl
         raise ConfigError(f"{cfg.dataset} has one class ({name}), so every prediction would be right and nothing "
                           "is learnt; a classifier needs at least two classes (imagefolder: one sub-folder of "
                           "train/ per class)")
-    train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size)
+    train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size, stratify=cfg.stratify)
     cfg, run_model = for_data(cfg, run_model, len(train_split))
     check_batch(cfg.batch_size, ctx)
     steps_per_epoch = len(train_split) // cfg.batch_size

@@ -101,6 +101,7 @@ class RunConfig:
     limit_test: int | None = None
     val_split: float | None = None  # hold out this fraction of the training images; evaluate on it per epoch
     val_size: int | None = None  # ... or this many images; the test set is then read once, at the end
+    stratify: bool = False  # draw limit_train/limit_test and the validation hold-out per class, in proportion
     # recipe; None takes the defaults of the data set size (SIZE_DEFAULTS)
     epochs: int | None = None
     batch_size: int | None = None  # global batch (split over DDP processes)
