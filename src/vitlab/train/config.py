@@ -1,9 +1,8 @@
 """The run configuration, the first stage of a run: one dataclass, YAML loading, the recipe defaults per data set
 size, and the config as a run starts (:func:`settle`: checked, its model config resolved once, its output folder).
 
-Precedence, lowest first: :data:`SIZE_DEFAULTS` (by training-set size) and :data:`AUGMENT_DEFAULTS` (by
-kind of image), then a ``--config`` YAML file, then command-line flags. Recipe fields left ``None`` are
-filled by :func:`resolve` once the data set is loaded.
+Precedence, lowest first: :data:`SIZE_DEFAULTS` (by training-set size) and :data:`AUGMENT_DEFAULTS` (by kind of
+image), then a ``--config`` YAML file, then command-line flags; recipe fields left None are filled by :func:`resolve`.
 
 Its length (about 420 lines) is its one concept: every run option with its limit and default sits beside the
 others, so a reader checks an option's rule in one place.
