@@ -73,7 +73,6 @@ def digest(out: Path) -> dict[str, Any]:
 def run_cases(tmp: Path) -> dict[str, Any]:
     """Train every case (and the resumed one) in this process; their digests by name."""
     from test_time_to_accuracy_fashion import tiny_fashion
-
     from vitlab.cli import main
 
     fashion = tiny_fashion(tmp / "fashion")
