@@ -207,7 +207,8 @@ def test_the_command_applies_the_clothing_recipe_unless_an_option_says_otherwise
     run = read_config(tmp_path / "a")
     assert run["model"]["name"] == "vit_fashion_conv_patch14" and run["run"]["epochs"] == 1  # the user's epochs
     assert run["run"]["hflip"] is True and run["run"]["pad_crop"] == 1  # the default recipe's
-    assert run["run"]["warmup_epochs"] == 1 and run["run"]["lr"] == 3e-3 and run["run"]["channels_last"] is True
+    assert run["run"]["lr"] == 3e-3 and run["run"]["channels_last"] is True
+    assert run["run"]["warmup_epochs"] == pytest.approx(0.1)  # the recipe's 1 of 19 epochs, fitted to the 1 asked
     assert run["run"]["ema_decay"] == 0.999
     assert main([*common, "--epochs", "1", "--no-hflip", "--output", str(tmp_path / "b")]) == 0
     assert read_config(tmp_path / "b")["run"]["hflip"] is False

@@ -12,10 +12,11 @@ import dataclasses
 import difflib
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.train.config_file import load_yaml
+from vitlab.train.config_file import read_yaml
 from vitlab.train.options import coerce_value
 from vitlab.train.recipes import (  # re-exported: the tables' former home
     AUGMENT_DEFAULTS,
@@ -227,3 +228,8 @@ def coerce(d: dict[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(f"{source}: unknown option {raw_key!r}{hint}; valid options: {', '.join(names)}")
         out[key] = coerce_value(key, value, _type_of(key), source)
     return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a run config YAML file (a mapping of :class:`RunConfig` fields) as a checked partial dict."""
+    return coerce(read_yaml(path), f"config file {path}")

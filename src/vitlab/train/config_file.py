@@ -1,5 +1,6 @@
-"""A ``--config`` YAML file of run options: read and checked (keys, value types) into the options it gives, which
-the command line then overrides; what they leave unset is decided by the run plan (:mod:`vitlab.train.plan`)."""
+"""A ``--config`` YAML file of run options, read as the mapping it holds (:func:`read_yaml`); its keys and value types
+are checked by :func:`vitlab.train.config.load_yaml`, the command line then overrides them, and what they leave unset
+is decided by the run plan (:mod:`vitlab.train.plan`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any
 
 from vitlab.errors import ConfigError
 
-__all__ = ["load_yaml"]
+__all__ = ["read_yaml"]
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a run config YAML file (a mapping of :class:`RunConfig` fields) as a checked partial dict."""
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a run config YAML file holds, refused in one line when the file is missing, unreadable, not YAML
+    or not a mapping."""
     import yaml
 
     path = Path(path)
@@ -30,6 +32,4 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of options (key: value), "
                           f"got {type(data).__name__}")
-    from vitlab.train.config import coerce  # the options module imports this one
-
-    return coerce(data, f"config file {path}")
+    return data

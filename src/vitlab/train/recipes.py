@@ -37,11 +37,12 @@ SIZE_DEFAULTS: list[tuple[int, dict[str, Any]]] = [
                    label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
 ]
 
-# A warm-up the recipe chooses takes at most this share of the run's epochs. Every recipe's own warm-up fits it at
-# the recipe's own length (3 of 50, 2 of 20, 1 of 10 epochs; the clothing recipe 1 of 19; DeiT III 5 of 400, Touvron
-# et al. 2022; Goyal et al. 2017 warm up 5 of 90), so it changes only a run whose epochs the user shortened: there,
-# the recipe's warm-up would take the whole run and the learning rate would never peak (--epochs 2 with a 3-epoch
-# warm-up ends at 67 % of --lr). A warm-up the user gives is kept as given.
+# A warm-up the recipe chooses takes at most this share of the run's epochs. Every size row's and the clothing
+# recipe's warm-up fits it at their own length (3 of 50, 2 of 20, 1 of 10 epochs; 1 of 19), as DeiT III's does at its
+# 400 epochs (5 epochs, Touvron et al. 2022; Goyal et al. 2017 warm up 5 of 90), so it shortens only the warm-up of a
+# run shorter than the recipe it comes from: a run whose epochs the user cut (--epochs 2 would otherwise spend the
+# whole run in a 3-epoch warm-up and end at 67 % of --lr), or DeiT III's 5 epochs on a data set whose size row trains
+# 20 or 10 epochs (2 and 1 then). A warm-up the user gives is kept as given.
 WARMUP_SHARE = 0.1
 
 # Augmentation by kind of image (each data set's kind is in vitlab.catalog): digits must not be flipped;
