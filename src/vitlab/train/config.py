@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,8 +213,12 @@ LIMITS: dict[str, tuple[Any, Any, str, str]] = {key: (*_interval(*bounds, **kw),
 
 
 def _type_of(name: str) -> Any:
-    hints = typing.get_type_hints(RunConfig)
-    return hints[name]
+    return _hints()[name]
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(RunConfig)
 
 
 def coerce(d: dict[str, Any], source: str) -> dict[str, Any]:

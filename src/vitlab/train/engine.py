@@ -36,6 +36,7 @@ from vitlab import perf, provenance
 from vitlab.checkpoint import CONFIG, WEIGHTS, read_weights, save_checkpoint, unwrap, weights_of
 from vitlab.data import DataSplit
 from vitlab.errors import WriteError
+from vitlab.flops import model_macs
 from vitlab.train.batches import epoch_order, load_run_data
 from vitlab.train.config import RunConfig
 from vitlab.train.distributed import DistContext, init_distributed, shard
@@ -370,6 +371,8 @@ class Trainer:
         """The run's numbers; with a validation split the per-epoch figures are ``*_val_*`` and the test set
         is evaluated here, once."""
         p, run, macs = self.progress, self.plan.run, self.plan.cost.macs
+        if macs is None:  # a timm model whose plan needed no MACs: counted now, on the trained model
+            macs = model_macs(self.model, self.plan.data.img_size, self.plan.data.in_chans)
         judged = {"final_test_acc": p.eval_acc, "final_test_loss": p.eval_loss, "best_test_acc": p.best_eval_acc}
         if self.data.eval_name == "val":
             test = self._evaluate(self.data.test)

@@ -161,10 +161,13 @@ class RunPlan:
                 f"{s.epochs} epochs x {s.steps_per_epoch} steps of {s.batch_size}, {lr}, {where}; output "
                 f"{self.out_dir}")
 
-    def estimated_flops(self) -> int:
+    def estimated_flops(self) -> int | None:
         """Training FLOPs: 3 passes (forward, two backward) x 2 FLOPs per MAC for every trained image, one pass for
-        every evaluated one (each epoch's judged images, and the test set once more after a validation run)."""
+        every evaluated one (each epoch's judged images, and the test set once more after a validation run); None
+        when the plan did not count the model's MACs."""
         s, d, macs = self.schedule, self.data, self.cost.macs
+        if macs is None:
+            return None
         trained = s.total_steps * s.batch_size
         judged = s.epochs * (d.num_val if d.num_val is not None else d.num_test)
         evaluated = judged + (d.num_test if d.num_val is not None else 0)
@@ -177,8 +180,10 @@ class RunPlan:
 
         s, d, t = self.schedule, self.data, self.threads
         held = f", {d.num_val} held out for validation" if d.num_val is not None else ""
+        flops, macs = self.estimated_flops(), self.cost.macs
         out = [
-            f"model: {self.spec.label}, {self.cost.params:,} parameters, {human(self.cost.macs, 'MACs')} per image",
+            f"model: {self.spec.label}, {self.cost.params:,} parameters"
+            + (f", {human(macs, 'MACs')} per image" if macs is not None else ""),
             f"data: {d.limit_train} of {d.source_train} training images ({d.num_train} trained on{held}), "
             f"{d.num_test} of {d.source_test} test images, {d.num_classes} classes, {d.in_chans}x{d.img_size}x"
             f"{d.img_size}, normalised by mean {list(d.mean)} std {list(d.std)}",
@@ -189,9 +194,8 @@ class RunPlan:
             + f", {t.slices} slice{'s' * (t.slices > 1)} of each batch, "
             + (f"{t.threads} torch thread{'s' * (t.threads > 1)}" if t.threads else "torch's threads")
             + f", {'bf16 autocast' if self.amp_dtype is not None else 'float32'}",
-            f"cost: about {human(self.estimated_flops(), 'FLOPs')} (3 x 2 x MACs per trained image, 2 x MACs per "
-            "evaluated one)",
-            *(f"note: {n}" for n in self.notes),
+            *([f"cost: about {human(flops, 'FLOPs')} (3 x 2 x MACs per trained image, 2 x MACs per evaluated "
+               "one)"] if flops is not None else []),
             "options (a --config file of them trains this run):",
         ]
         import yaml
@@ -301,16 +305,18 @@ def check_resumed_model(resume: Path, record: Mapping[str, Any], planned: ModelS
 
 def plan_run(options: RunConfig | Mapping[str, Any], ctx: DistContext | None = None, *,
              resume: str | Path | None = None, init_weights: str | Path | None = None, verify: bool = True,
-             force: bool = False) -> RunPlan:
+             force: bool = False, count_macs: bool = True) -> RunPlan:
     """:func:`make_plan` of :func:`request` (``ctx``: this process's place among the run's; default one process on
     the options' device)."""
     req = request(options, resume=resume, init_weights=init_weights, verify=verify)
-    return make_plan(req, ctx if ctx is not None else DistContext(device=pick_device(req.run.device)), force=force)
+    return make_plan(req, ctx if ctx is not None else DistContext(device=pick_device(req.run.device)), force=force,
+                     count_macs=count_macs)
 
 
-def make_plan(req: Request, ctx: DistContext, *, force: bool = False) -> RunPlan:
+def make_plan(req: Request, ctx: DistContext, *, force: bool = False, count_macs: bool = False) -> RunPlan:
     """The plan of the run ``req`` asks for, as process ``ctx`` runs it (see the module's docstring); ``force``
-    lets a new run write into a folder without vitlab's marker that holds files a run replaces."""
+    lets a new run write into a folder without vitlab's marker that holds files a run replaces. A timm model's MACs
+    are counted when the thread plan needs them (on the CPU without ``--threads``) or with ``count_macs``."""
     cfg = req.run
     # 2. the model, before the recipe: its input size, its width
     spec, overrides, img_size, in_chans = resolve_model(cfg)
@@ -349,7 +355,8 @@ def make_plan(req: Request, ctx: DistContext, *, force: bool = False) -> RunPlan
     cfg = cfg.replace(model_overrides=overrides)
     if req.resume is not None:
         check_resumed_model(req.resume, req.record, spec)
-    cost = measure(spec, img_size=img_size, in_chans=in_chans, compile=cfg.compile, distributed=ctx.distributed)
+    cost = measure(spec, img_size=img_size, in_chans=in_chans, compile=cfg.compile, distributed=ctx.distributed,
+                   macs=count_macs or (ctx.device.type == "cpu" and not cfg.threads))
     name, model_note = announced_model(cfg, spec)
     # 7. schedule, precision, threads
     schedule = Schedule(cfg.epochs, cfg.batch_size, steps, cfg.lr, cfg.min_lr, cfg.warmup_epochs)

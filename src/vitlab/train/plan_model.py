@@ -8,21 +8,21 @@ Used by the run plan (:mod:`vitlab.train.plan`) only; the trainer builds the spe
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from vitlab.catalog import dataset_info
 from vitlab.errors import ConfigError
+from vitlab.flops import model_macs, token_count
 from vitlab.models.registry import PRESETS, find_preset, preset_differences, resolve_spec
 from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
 from vitlab.train.config import RunConfig
 from vitlab.train.recipes import model_defaults
 
-__all__ = ["PRESET_NEUTRAL", "ModelCost", "announced_model", "measure", "model_macs", "resolve_model", "token_count",
-           "width", "with_recipe"]
+__all__ = ["PRESET_NEUTRAL", "ModelCost", "announced_model", "measure", "resolve_model", "width", "with_recipe"]
 
 PRESET_NEUTRAL = ("name", "num_classes", "drop_path_rate")  # no part of what a preset is: a label, data, recipe
 
@@ -32,7 +32,8 @@ class ModelCost:
     """What one image costs the planned model, and whether its batches can be sliced (vitlab.perf)."""
 
     params: int
-    macs: int  # multiply-accumulates per image (vitlab's flop_count, else FlopCounterMode's matmul FLOPs / 2)
+    macs: int | None  # multiply-accumulates per image (vitlab.flops.model_macs); None for a timm model whose plan
+    # did not need them (counting them on the meta device takes longer than the run's first steps): measured then
     tokens: int | None  # tokens per image (patches + prefix tokens); None for a model that is not a ViT
     why_not_sliced: str | None  # vitlab.perf.why_not_sliced of the model, None when its batches can be sliced
 
@@ -93,35 +94,27 @@ def announced_model(cfg: RunConfig, spec: ModelSpec) -> tuple[str, str]:
     return name, f"{cfg.model} with {', '.join(said)}; " if said else f"{cfg.model}; "
 
 
-def measure(spec: ModelSpec, *, img_size: int, in_chans: int, compile: bool = False,
-            distributed: bool = False) -> ModelCost:
+def measure(spec: ModelSpec, *, img_size: int, in_chans: int, compile: bool = False, distributed: bool = False,
+            macs: bool = True) -> ModelCost:
     """The cost of ``spec``'s model, built on the meta device (no weight is allocated, no random number drawn from
-    the CPU's generator); a model beyond vitlab's size budget is refused here, before any data loads."""
+    the CPU's generator). A timm model's MACs are counted only with ``macs`` (vitlab's are a sum, always counted).
+    Kept for the process's later plans of the same model (a study's seeds): a tiny ViT's meta build takes about
+    5 ms."""
     from vitlab.perf import why_not_sliced
 
-    with torch.device("meta"):
-        model = spec.build()
-    return ModelCost(params=sum(p.numel() for p in model.parameters()), macs=model_macs(model, img_size, in_chans),
-                     tokens=token_count(model),
-                     why_not_sliced=why_not_sliced(model, compile=compile, distributed=distributed))
+    count = macs or not spec.is_timm
+    key = (json.dumps(spec.to_dict(), sort_keys=True, default=repr), img_size, in_chans, compile, distributed, count)
+    if key not in _COSTS:
+        with torch.device("meta"):
+            model = spec.build()
+        _COSTS[key] = ModelCost(params=sum(p.numel() for p in model.parameters()),
+                                macs=model_macs(model, img_size, in_chans) if count else None,
+                                tokens=token_count(model),
+                                why_not_sliced=why_not_sliced(model, compile=compile, distributed=distributed))
+    return _COSTS[key]
 
 
-def model_macs(model: nn.Module, img_size: int, in_chans: int) -> int:
-    """Multiply-accumulates per image: vitlab's ``flop_count()``, else ``FlopCounterMode`` (matmul FLOPs / 2)."""
-    if hasattr(model, "flop_count"):
-        return int(model.flop_count())
-    from vitlab.flops import torch_flops  # MATH attention backend: the fused CPU kernel is not counted
-
-    x = torch.zeros(1, in_chans, img_size, img_size, device=next(model.parameters()).device)
-    return torch_flops(model, x) // 2
-
-
-def token_count(model: nn.Module) -> int | None:
-    """Tokens per image of a ViT-like model (patches + prefix tokens, vitlab's or timm's attributes), else None."""
-    patches = getattr(getattr(model, "patch_embed", None), "num_patches", None)
-    if not isinstance(patches, int) or patches <= 0:
-        return None
-    return patches + int(getattr(model, "num_prefix_tokens", 0) or 0)
+_COSTS: dict[tuple, ModelCost] = {}  # measure's results in this process, by model and input
 
 
 def _timm_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:

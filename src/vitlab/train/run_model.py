@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from vitlab.errors import ConfigError
+from vitlab.flops import token_count  # re-exported: its former home
 from vitlab.models.spec import ModelSpec
-from vitlab.train.plan_model import token_count
 from vitlab.train.seeding import derive_seed
 
 __all__ = ["INIT_STREAM", "build_run_model", "load_init", "token_count"]
