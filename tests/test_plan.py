@@ -224,3 +224,21 @@ def test_data_facts_are_those_of_the_loaded_data(tmp_path) -> None:
         assert (facts.num_train, facts.num_test, facts.num_classes) == \
             (len(train_split), len(test_split), len(train_split.classes))
         assert facts.classes == tuple(train_split.classes)
+
+
+def test_a_study_dry_run_prints_each_runs_plan_and_writes_nothing(tmp_path) -> None:
+    out = tmp_path / "sweep"
+    common = ["--epochs", "1", "--limit-train", "128", "--limit-test", "32", "--threads", "1", "--no-progress",
+              "--set", "depth=1", "--output", str(out)]
+    text = quiet_main(["sweep", "--param", "lr", "--values", "1e-3,2e-3", "--seeds", "2", *common, "--dry-run"])
+    lines = text.splitlines()
+    assert len(lines) == 5 and lines[0].startswith("[1/4] sweep lr=0.001_seed=0: vit_mnist")
+    assert "lr 0.002 (warm-up 0.1 epochs" in lines[2] and lines[-1].startswith("sweep: 4 of 4 runs to train, about ")
+    assert not out.exists()
+    quiet_main(["sweep", "--param", "lr", "--values", "1e-3", *common])  # one run finished: read back, not planned
+    text = quiet_main(["sweep", "--param", "lr", "--values", "1e-3,2e-3", *common, "--dry-run"])
+    assert "lr=0.001_seed=0: finished, read back" in text and "1 of 2 runs to train" in text
+    study = tmp_path / "depth"
+    text = quiet_main(["depth-study", "--depths", "1", "--variants", "vit,tfixup", "--epochs", "1", "--limit-train",
+                       "128", "--threads", "1", "--output", str(study), "--dry-run"])
+    assert text.count("] depth study ") == 2 and "depth study: 2 of 2 runs to train" in text and not study.exists()

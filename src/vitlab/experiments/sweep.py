@@ -257,18 +257,23 @@ class SweepConfig:
     force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
 
-def run_sweep(config: SweepConfig) -> dict[str, Any]:
-    """Train (or read back) every run of the sweep and write its tables, figures and report into
-    ``config.output``; returns :func:`write_sweep`'s result and the study folder (``out``)."""
-    from vitlab.experiments.runs import check_output, run_all, track_study
-
+def sweep_run_specs(config: SweepConfig) -> list[RunSpec]:
+    """The runs of ``config``, checked (what ``--dry-run`` plans and :func:`run_sweep` trains)."""
     if config.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
     clash = [p.name for p in config.params if p.name in config.fixed]
     if clash:
         raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
+    return sweep_specs(config.model, config.params, list(range(config.seeds)), config.base, config.fixed)
+
+
+def run_sweep(config: SweepConfig) -> dict[str, Any]:
+    """Train (or read back) every run of the sweep and write its tables, figures and report into
+    ``config.output``; returns :func:`write_sweep`'s result and the study folder (``out``)."""
+    from vitlab.experiments.runs import check_output, run_all, track_study
+
     base = config.base
-    specs = sweep_specs(config.model, config.params, list(range(config.seeds)), base, config.fixed)
+    specs = sweep_run_specs(config)
     out = check_output(config.output, "sweep", force=config.force)
     pairs = run_all(specs, out, title="sweep", finished_only=config.finished_only, executor=config.executor)
     title = f"Sweep of {config.model} on {base.dataset}"
