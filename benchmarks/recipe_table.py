@@ -158,12 +158,13 @@ def default_settings() -> tuple[dict[str, Any], dict[str, Any]]:
     library resolves ``vitlab train --model vit_mnist --dataset mnist-5k``: the studies' plain ViT under the
     default recipe (the command's default model on digits, vit_mnist_conv_patch14, is chosen by
     benchmarks/recipe_scan.py, not by these records)."""
-    from vitlab.train.config import RunConfig, for_data, resolve_run_model
+    from vitlab.train.config import RunConfig
+    from vitlab.train.plan import plan_run
 
-    cfg = RunConfig(model="vit_mnist", dataset=DATASET)
-    cfg, run_model = for_data(cfg, resolve_run_model(cfg), NUM_TRAIN)
-    run = {k: v for k, v in cfg.to_dict().items() if k not in NOT_RECIPE}
-    return run, run_model.spec.config.to_dict()
+    plan = plan_run(RunConfig(model="vit_mnist", dataset=DATASET))
+    assert plan.data.num_train == NUM_TRAIN, plan.data
+    run = {k: v for k, v in plan.run.to_dict().items() if k not in NOT_RECIPE}
+    return run, plan.spec.config.to_dict()
 
 
 @cache

@@ -20,6 +20,7 @@ from timm.models import load_checkpoint
 
 import vitlab
 import vitlab.train.config as run_config_module
+import vitlab.train.plan_model as plan_model
 from _helpers import option_args
 from test_time_to_accuracy_fashion import tiny_fashion
 from vitlab.checkpoint import load_model, read_config
@@ -28,7 +29,8 @@ from vitlab.data import load_dataset, normalize
 from vitlab.experiments.runs import changed_options
 from vitlab.models import get_config
 from vitlab.train.batches import subset
-from vitlab.train.config import RunConfig, default_model, default_recipe, for_data, resolve_run_model
+from vitlab.train.config import RunConfig, default_model, default_recipe
+from vitlab.train.plan import plan_run
 from vitlab.train.run_model import INIT_STREAM, build_run_model
 from vitlab.train.seeding import derive_seed
 
@@ -135,15 +137,14 @@ def test_vitlab_eval_by_the_name_and_timm_refuses_the_class_token_preset(default
 def test_the_name_changes_no_weight(default_run, tmp_path, monkeypatch) -> None:
     run, _ = default_run
     # the initial weights, as the run builds them and as the unnamed model of before was built
-    cfg = RunConfig(limit_train=64, epochs=1, batch_size=16)
-    _, run_model = for_data(cfg, resolve_run_model(cfg), 64)
-    assert run_model.spec.config.name == "vit_mnist_gap"
-    now = build_run_model(run_model, 10, seed=0).state_dict()
+    plan = plan_run(RunConfig(limit_train=64, epochs=1, batch_size=16, output=str(tmp_path / "plan")))
+    assert plan.spec.config.name == "vit_mnist_gap"
+    now = build_run_model(plan.spec, seed=0).state_dict()
     torch.manual_seed(derive_seed(0, INIT_STREAM))
     before = vitlab.create_model("vit_mnist", global_pool="avg", drop_path_rate=0.0).state_dict()
     assert list(now) == list(before) and all(torch.equal(now[k], before[k]) for k in now)
     # a whole run with the renaming switched off (the old way): the same trained weights, the same run config
-    monkeypatch.setattr(run_config_module, "find_preset", lambda config, ignore=(): None)
+    monkeypatch.setattr(plan_model, "find_preset", lambda config, ignore=(): None)
     old = tmp_path / "old"
     assert train(old).startswith("vitlab train: vit_mnist (0.40M params) on mnist-5k (")
     new_weights, old_weights = load_file(str(run / "model.safetensors")), load_file(str(old / "model.safetensors"))
@@ -163,9 +164,9 @@ def test_the_name_changes_no_weight(default_run, tmp_path, monkeypatch) -> None:
 
 
 def test_default_pooling_on_clothing_is_named_too() -> None:
-    run_model = resolve_run_model(RunConfig(dataset="fashion-mnist"))
-    assert run_model.spec.config.name == "vit_mnist_gap" and run_model.overrides == {"global_pool": "avg"}
-    assert resolve_run_model(RunConfig(dataset="cifar10")).spec.config.name == "vit_mnist"  # no default there
+    spec, overrides, _, _ = plan_model.resolve_model(RunConfig(dataset="fashion-mnist"))
+    assert spec.config.name == "vit_mnist_gap" and overrides == {"global_pool": "avg"}
+    assert plan_model.resolve_model(RunConfig(dataset="cifar10"))[0].config.name == "vit_mnist"  # no default there
 
 
 @pytest.mark.parametrize("option, name, overrides", [
@@ -206,7 +207,8 @@ def test_the_command_applies_the_clothing_recipe_unless_an_option_says_otherwise
     run = read_config(tmp_path / "a")
     assert run["model"]["name"] == "vit_fashion_conv_patch14" and run["run"]["epochs"] == 1  # the user's epochs
     assert run["run"]["hflip"] is True and run["run"]["pad_crop"] == 1  # the default recipe's
-    assert run["run"]["warmup_epochs"] == 1 and run["run"]["lr"] == 3e-3 and run["run"]["channels_last"] is True
+    assert run["run"]["lr"] == 3e-3 and run["run"]["channels_last"] is True
+    assert run["run"]["warmup_epochs"] == pytest.approx(0.1)  # the recipe's 1 of 19 epochs, fitted to the 1 asked
     assert run["run"]["ema_decay"] == 0.999
     assert main([*common, "--epochs", "1", "--no-hflip", "--output", str(tmp_path / "b")]) == 0
     assert read_config(tmp_path / "b")["run"]["hflip"] is False

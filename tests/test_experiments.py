@@ -371,7 +371,7 @@ def test_a_diverged_run_is_a_result_of_the_study(tmp_path: Path, monkeypatch, ca
     real = Trainer._train_step
 
     def step(self, epoch, step, order):  # lr 0.002 diverges at its second step; lr 0.001 trains
-        if self.cfg.lr == 0.002 and self.progress.global_step >= 1:
+        if self.plan.run.lr == 0.002 and self.progress.global_step >= 1:
             raise self._nonfinite_error(epoch, step, float("nan"))
         return real(self, epoch, step, order)
 

@@ -279,7 +279,7 @@ from pathlib import Path
 
 from vitlab import atomic, perf
 from vitlab.cli import main
-from vitlab.train import engine, loop
+from vitlab.train import engine
 from vitlab.train.logging import RunLogger
 
 perf.fused_adamw_supported("cpu")  # warm what every run would import again (torch._dynamo: seconds)
@@ -307,7 +307,7 @@ def run(request):
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
 
-    fit, step, evaluate = engine.Trainer.fit, engine.Trainer._train_step, loop.evaluate
+    fit, step, evaluate = engine.Trainer.fit, engine.Trainer._train_step, engine.evaluate
     log_epoch, atomic_write = RunLogger.log_epoch, atomic.atomic_write
 
     def hooked_fit(self):
@@ -350,7 +350,7 @@ def run(request):
         if event("after:" + name):
             die()
 
-    engine.Trainer.fit, engine.Trainer._train_step, loop.evaluate = hooked_fit, hooked_step, hooked_evaluate
+    engine.Trainer.fit, engine.Trainer._train_step, engine.evaluate = hooked_fit, hooked_step, hooked_evaluate
     RunLogger.log_epoch, atomic.atomic_write = hooked_log_epoch, hooked_write
     return main(request["argv"])
 

@@ -326,7 +326,7 @@ def test_probes_per_epoch_in_metrics_and_tensorboard(tmp_path):
     seen = {}
 
     def grab(trainer) -> None:  # the run's own first training images and normalisation
-        seen.setdefault("x", normalize(trainer.train_data.images[:8], trainer.mean, trainer.std))
+        seen.setdefault("x", normalize(trainer.data.train.images[:8], trainer.data.mean, trainer.data.std))
 
     train(cfg, on_step=grab)
     rows = read_metrics(out)

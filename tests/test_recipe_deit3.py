@@ -13,8 +13,9 @@ from _helpers import run_config
 from vitlab.data.augment import THREE_AUGMENT_OPS, ThreeAugment
 from vitlab.errors import ConfigError
 from vitlab.train.batches import BatchPipeline, epoch_order
-from vitlab.train.config import RunConfig, resolve_run_model
+from vitlab.train.config import RunConfig
 from vitlab.train.optim import build_optimizer
+from vitlab.train.plan import plan_run
 from vitlab.train.recipes import DEIT3, recipe_defaults
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "training.md"
@@ -39,16 +40,15 @@ def test_recipe_builds_timm_pieces_and_layerscale():
     import timm.optim
     from timm.data import Mixup
 
-    cfg = RunConfig(recipe="deit3", **run_config())
-    run_model = resolve_run_model(cfg)
-    assert run_model.spec.config.gate == "layerscale"
-    assert resolve_run_model(cfg.replace(model_overrides={"gate": "none"})).spec.config.gate == "none"
-    cfg = cfg.resolve(256, width=run_model.width)
+    plan = plan_run(RunConfig(recipe="deit3", **run_config()))
+    assert plan.spec.config.gate == "layerscale"
+    assert plan_run(plan.run.replace(model_overrides={"gate": "none"})).spec.config.gate == "none"
+    cfg = plan.run
     pipeline = BatchPipeline(cfg, (0.5,), (0.5,), 10, 1)
     assert isinstance(pipeline.three, ThreeAugment) and pipeline.three.ops and pipeline.three.color_jitter == 0.3
     assert isinstance(pipeline.mixup, Mixup)
     assert (pipeline.mixup.mixup_alpha, pipeline.mixup.cutmix_alpha) == (0.8, 1.0)
-    model = run_model.spec_for(10).build()
+    model = plan.spec.build()
     opt = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, optimizer=cfg.optimizer)
     assert isinstance(opt, timm.optim.Lamb)
     assert opt.defaults["eps"] == 1e-8 and opt.defaults["max_grad_norm"] == 1.0
@@ -122,15 +122,14 @@ def test_a_few_deit3_steps_lower_the_loss(tmp_path):
     from vitlab.data import normalize
     from vitlab.train.distributed import init_distributed
     from vitlab.train.engine import Trainer
-    from vitlab.train.loop import Loop
 
     cfg = RunConfig(recipe="deit3", **{**run_config(), "limit_train": 128, "batch_size": 32}, epochs=4, lr=3e-3,
                     warmup_epochs=0, output=str(tmp_path / "run"), threads=1)
     ctx = init_distributed("cpu")
     try:
-        trainer = Trainer(cfg, ctx)
+        trainer = Trainer(plan_run(cfg, ctx), ctx)
         assert isinstance(trainer.optimizer, timm.optim.Lamb)
-        criterion = Loop._criterion(trainer)
+        criterion = trainer._criterion()
         assert type(criterion).__name__ == "BinaryCrossEntropy"
         x = trainer.data.pipeline.train_batch(trainer.data.train.images[:32], trainer.data.train.labels[:32],
                                               torch.Generator().manual_seed(0))

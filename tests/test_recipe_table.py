@@ -106,7 +106,7 @@ def _specs(command: str):
 def test_each_command_trains_its_arm(rt, committed) -> None:
     """Each measured row's command trains the recorded runs' settings into the study's folder, under the record's
     name; each unmeasured row's command is a valid sweep."""
-    from vitlab.train.config import for_data, resolve_run_model
+    from vitlab.train.plan import plan_run
 
     for r in committed:
         specs, output = _specs(r["command"])
@@ -114,9 +114,9 @@ def test_each_command_trains_its_arm(rt, committed) -> None:
             assert len(specs) >= 2, r["choice"]
             continue
         assert output == f"runs/findings/{r['study']}" and len(specs) == 1, r
-        cfg, run_model = for_data(specs[0].config, resolve_run_model(specs[0].config), rt.NUM_TRAIN)
+        plan = plan_run(specs[0].config)  # the recipe row of mnist-5k's 4,000 training images (or its hold-out's)
         record = json.loads((RUNS / r["study"] / specs[0].name / "config.json").read_text())
-        assert rt.differences({"run": cfg.to_dict(), "model": run_model.spec.config.to_dict()}) \
+        assert rt.differences({"run": plan.run.to_dict(), "model": plan.spec.config.to_dict()}) \
             == rt.differences(record), r["choice"] + " " + r["value"]
 
 

@@ -128,7 +128,8 @@ def test_predict_a_folder_predicts_its_images_recursively(checkpoint, tmp_path, 
 # ------------------------------------------------------------------------------------------ divergence
 
 
-DIVERGING = {**TINY, "epochs": 3, "limit_train": 128, "lr": 10, "clip_grad": 0}  # loss 41, 261, 797 per epoch
+# loss 41, 261, 797 per epoch (the warm-up of the whole run, as the recipe gave it before it was fitted to the run)
+DIVERGING = {**TINY, "epochs": 3, "limit_train": 128, "lr": 10, "clip_grad": 0, "warmup_epochs": 3}
 
 
 def test_a_loss_past_100x_chance_marks_the_run_diverged_and_keeps_the_last_good_checkpoint(tmp_path):

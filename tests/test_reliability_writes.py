@@ -18,10 +18,11 @@ import pytest
 from _helpers import cli_error, run_args, run_config
 from vitlab.cli import main
 from vitlab.errors import ConfigError, WriteError
-from vitlab.train.config import RunConfig, settle
+from vitlab.train.config import RunConfig
 from vitlab.train.distributed import DistContext
 from vitlab.train.lock import LOCK, RunLock, check_free
 from vitlab.train.logging import RunLogger
+from vitlab.train.plan import plan_run
 
 SMALL = dict(limit_train=64, limit_test=32, batch_size=16, device="cpu", threads=1)
 TINY = run_args(model="vit_mnist", depth=1, embed_dim=16, num_heads=2, **SMALL, progress=False)
@@ -59,7 +60,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def settle_new(out: Path, force: bool = False) -> Path:
     """The output folder a new run in ``out`` gets (the checks before any data loads)."""
     cfg = RunConfig.from_dict({**TINY_CFG, "output": str(out)}, "test")
-    return settle(cfg, DistContext(), **({"force": True} if force else {}))[2]
+    return plan_run(cfg, DistContext(), force=force).out_dir
 
 
 # ----------------------------------------------------------------------------------- links are not followed
@@ -188,7 +189,7 @@ def test_a_checkpoint_is_still_refused_even_with_force(tmp_path, trained) -> Non
     shutil.copytree(trained, other)
     cfg = RunConfig.from_dict({**TINY_CFG, "output": str(other)}, "test")
     with pytest.raises(ConfigError, match="another run"):
-        settle(cfg, DistContext(), resume=trained)
+        plan_run(cfg, DistContext(), resume=trained)
 
 
 def test_output_inside_the_data_folder_is_refused(capsys, tmp_path) -> None:

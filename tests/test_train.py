@@ -153,7 +153,7 @@ def test_signal_saves_a_resumable_checkpoint(tmp_path, capsys, signum, code):
 
 
 def test_signal_during_evaluation_stops_after_the_epoch_checkpoint(tmp_path, monkeypatch):
-    import vitlab.train.loop as loop  # the loop evaluates each epoch
+    import vitlab.train.engine as loop  # the loop evaluates each epoch
 
     trainers = []
     real_evaluate = loop.evaluate
@@ -189,15 +189,16 @@ def test_sigterm_to_a_real_process(tmp_path):
 def test_init_weights_start_the_model_and_its_ema(short_run, tmp_path):
     from vitlab.train.distributed import init_distributed
     from vitlab.train.engine import Trainer
+    from vitlab.train.plan import plan_run
 
     cfg = RunConfig(epochs=1, **TINY_CFG, ema_decay=0.9, output=str(tmp_path / "ft"))
     ctx = init_distributed("cpu")
     try:
-        trainer = Trainer(cfg, ctx, init_weights=short_run)
+        trainer = Trainer(plan_run(cfg, ctx, init_weights=short_run), ctx)
         assert_same_weights(trainer.model.state_dict(), weights(short_run))
         assert_same_weights(trainer.ema.module.state_dict(), weights(short_run))
         with pytest.raises(ConfigError, match="drop the initial weights"):
-            Trainer(cfg, ctx, resume=short_run, init_weights=short_run)
+            plan_run(cfg, ctx, resume=short_run, init_weights=short_run)
         trainer.lock.release()  # a Trainer holds its folder's lock until fit() ends
     finally:
         ctx.close()
@@ -261,7 +262,7 @@ def test_skip_nonfinite_skips_steps(tmp_path):
     def poison_once(trainer) -> None:
         calls.append(trainer.progress.global_step)
         if trainer.progress.global_step == 2:
-            trainer.pipeline.augment.register_forward_hook(_nan_once(trainer))
+            trainer.data.pipeline.augment.register_forward_hook(_nan_once(trainer))
 
     result = train(RunConfig(epochs=1, skip_nonfinite=True, **TINY_CFG, output=str(out)), on_step=poison_once)
     assert result.exit_code == 0 and result.summary["skipped_steps"] == 1

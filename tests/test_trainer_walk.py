@@ -134,20 +134,23 @@ def test_idx_files_are_read_by_torchvisions_reader(tmp_path: Path, monkeypatch: 
 
 # ------------------------------------------------------------------------------------------- the trainer's road
 
-# the stages of a run, in the order they run (vitlab/train/engine.py's docstring)
-STAGES = ["config.py", "batches.py", "run_model.py", "optim.py", "resume.py", "loop.py"]
+# the stages of a run, in the order they run (vitlab/train/engine.py's docstring); the loop is engine.py itself
+STAGES = ["plan.py", "batches.py", "run_model.py", "optim.py", "resume.py"]
 # what every stage may call: the process group, seeds, signals, the run lock, logging and tracking, the progress
-# record and the evaluation
+# record, the evaluation and the divergence rule
 SERVICES = {"distributed.py", "seeding.py", "signals.py", "lock.py", "logging.py", "tracking.py", "progress.py",
-            "evaluate.py"}
+            "evaluate.py", "divergence.py", "the plan read"}
+PLAN_VALUES = ("RunPlan.", "DataPlan.", "Schedule.")  # the plan's own methods: reading the plan, not making it
+DRIVER = ("train", "Trainer.__init__")  # engine.py's stages before the loop (the loop then uses what they built)
 TINY_RUN = ["--model", "vit_mnist", "--dataset", "mnist-5k", "--depth", "1", "--embed-dim", "32", "--num-heads",
             "2", "--limit-train", "128", "--limit-test", "32", "--batch-size", "64", "--device", "cpu", "--threads",
             "1", "--no-progress"]
 
 
 def walk(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Run ``vitlab argv`` under a profiler; returns (the files of ``vitlab/train`` the trainer's driver,
-    ``engine.py``, calls into, consecutive repeats merged; the calls from inside a stage into a later stage)."""
+    """Run ``vitlab argv`` under a profiler; returns (the files of ``vitlab/train`` the trainer's driver calls into
+    before the loop (``engine.py``'s :data:`DRIVER`), consecutive repeats merged; the calls from inside a stage into
+    a later stage)."""
     import os
     import sys
 
@@ -160,6 +163,8 @@ def walk(argv: list[str]) -> tuple[list[str], list[str]]:
 
     def name(frame) -> str | None:  # noqa: ANN001
         path = frame.f_code.co_filename
+        if path == root + "plan.py" and frame.f_code.co_qualname.startswith(PLAN_VALUES):
+            return "the plan read"
         return path[len(root):] if path.startswith(root) else None
 
     def profile(frame, event: str, arg) -> None:  # noqa: ANN001
@@ -169,7 +174,7 @@ def walk(argv: list[str]) -> tuple[list[str], list[str]]:
         if callee is None or callee == "engine.py":
             return
         caller = name(frame.f_back) if frame.f_back is not None else None
-        if caller == "engine.py":
+        if caller == "engine.py" and frame.f_back.f_code.co_qualname in DRIVER:
             if not road or road[-1] != callee:
                 road.append(callee)
             return
@@ -196,7 +201,9 @@ def test_a_train_call_visits_each_stage_once_in_order(tmp_path: Path, resumed: b
         assert main(argv) == 0
         argv = ["train", "--resume", str(out), "--epochs", "2", "--no-progress"]
     road, forward = walk(argv)
-    assert [f for f in road if f in STAGES] == STAGES, road  # each stage once, contiguous, in order
+    stages = [f for f in road if f in STAGES]
+    stages = [f for i, f in enumerate(stages) if i == 0 or stages[i - 1] != f]  # the plan: request, then make_plan
+    assert stages == STAGES, road  # each stage once, contiguous, in order
     assert set(road) <= set(STAGES) | SERVICES, road
     assert forward == []  # a stage uses what earlier stages decided, never a later one
 
@@ -219,7 +226,7 @@ def test_train_files_fit_in_one_sitting() -> None:
     import vitlab.train
 
     for path in Path(vitlab.train.__file__).parent.glob("*.py"):
-        assert len(path.read_text().splitlines()) <= 450, path.name  # config.py: the default model table
+        assert len(path.read_text().splitlines()) <= 450, path.name
 
 
 # ------------------------------------------------------------------------------------------------ names, errors
@@ -264,26 +271,27 @@ def test_every_dataset_fact_is_read_from_the_catalog() -> None:
     from vitlab.data import DATASETS, dataset_stats
     from vitlab.data.reference import REFERENCE_ACCURACY, TRAIN_SIZES
     from vitlab.models.pretrained_cfg import PRESET_STATS
-    from vitlab.train import config, run_model
+    from vitlab.train import config, recipes, run_model
 
     assert DATASETS == tuple(CATALOG)
     for name, info in CATALOG.items():
         assert dataset_stats(name) == (info.mean, info.std)
         assert TRAIN_SIZES.get(name) == info.num_train and REFERENCE_ACCURACY.get(name) == info.reference_acc
-        assert config.data_kind(name) == info.kind
+        assert recipes.data_kind(name) == info.kind
     assert PRESET_STATS["vit_mnist"] == (CATALOG["mnist"].mean, CATALOG["mnist"].std)
     for gone in ("DATA_KIND", "RECIPE_FIELDS"):
-        assert not hasattr(config, gone)
+        assert not hasattr(config, gone) and not hasattr(recipes, gone)
     assert not hasattr(run_model, "DATA_SHAPES")
 
 
 def test_timm_models_take_the_catalogs_native_shape() -> None:
-    from vitlab.train.config import RunConfig, resolve_run_model
+    from vitlab.train.config import RunConfig
+    from vitlab.train.plan_model import resolve_model
 
     for dataset, shape in [("cifar10", (32, 3)), ("mnist", (28, 1)), ("fashion-mnist", (28, 1))]:
-        rm = resolve_run_model(RunConfig(model="timm:vit_tiny_patch16_224", dataset=dataset,
-                                         model_overrides={"patch_size": 4}))
-        assert (rm.img_size, rm.in_chans) == shape
+        _, _, img_size, in_chans = resolve_model(RunConfig(model="timm:vit_tiny_patch16_224", dataset=dataset,
+                                                           model_overrides={"patch_size": 4}))
+        assert (img_size, in_chans) == shape
 
 
 # ------------------------------------------------------------------------------------------- CPU planning

@@ -48,7 +48,7 @@ def test_bad_val_options_are_refused():
 
 
 def test_val_split_run_evaluates_on_validation_and_reads_test_once(tmp_path, monkeypatch):
-    import vitlab.train.loop as loop  # the loop evaluates each epoch
+    import vitlab.train.engine as loop  # the loop evaluates each epoch
 
     seen = []
     real = loop.evaluate

@@ -2,7 +2,7 @@
 image (which picks the augmentation and model defaults of a run) and the accuracy a trained small ViT reaches.
 
 Every other place that needs one of these facts reads it here (``vitlab.data.datasets``, the run recipe in
-``vitlab.train.config``, the data stage of a run, ``vitlab.data.reference``, the study budgets).
+``vitlab.train.recipes``, the data facts of a run plan, ``vitlab.data.reference``, the study budgets).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class DatasetInfo:
     """What vitlab knows of a data set before reading it; None where only the files tell (an image folder)."""
 
     name: str
-    kind: str  # digits | clothing | natural: the augmentation and model defaults of a run (vitlab.train.config)
+    kind: str  # digits | clothing | natural: the augmentation and model defaults of a run (vitlab.train.recipes)
     mean: tuple[float, ...]  # per channel, in [0, 1] units, at the native channel count
     std: tuple[float, ...]
     img_size: int | None = None  # native side in pixels

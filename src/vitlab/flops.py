@@ -242,3 +242,20 @@ def model_cost(preset: str, overrides: dict[str, Any]) -> tuple[int, int]:
     with torch.device("meta"):
         model = create_model(preset, **overrides)
     return sum(p.numel() for p in model.parameters()), model.flop_count()
+
+
+def model_macs(model: nn.Module, img_size: int, in_chans: int) -> int:
+    """Multiply-accumulates per image of any model (on any device, meta included): vitlab's ``flop_count()``, else
+    ``FlopCounterMode``'s matmul FLOPs / 2 (:func:`torch_flops`)."""
+    if hasattr(model, "flop_count"):
+        return int(model.flop_count())
+    x = torch.zeros(1, in_chans, img_size, img_size, device=next(model.parameters()).device)
+    return torch_flops(model, x) // 2
+
+
+def token_count(model: nn.Module) -> int | None:
+    """Tokens per image of a ViT-like model (patches + prefix tokens, vitlab's or timm's attributes), else None."""
+    patches = getattr(getattr(model, "patch_embed", None), "num_patches", None)
+    if not isinstance(patches, int) or patches <= 0:
+        return None
+    return patches + int(getattr(model, "num_prefix_tokens", 0) or 0)

@@ -195,52 +195,78 @@ def cpu_plan(batch_size: int, tokens_per_image: int = 1, *, cores: int | None = 
 SMALL_MODEL_MACS = 50_000_000  # per image; below it a CPU run uses one thread unless told otherwise
 
 
-def plan_training(model: nn.Module, device: torch.device, *, batch_size: int, slices: int | None = None,
-                  threads: int | None = None, compile: bool = False, distributed: bool = False,
-                  macs: int | None = None, tokens: int | None = None) -> int:
-    """Set the CPU threads of a training run and return its number of concurrent batch slices.
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How a training run uses the CPU: each batch in ``slices`` concurrent slices, ``threads`` torch intra-op
+    threads (None: torch's own setting, left as it is)."""
+
+    slices: int
+    threads: int | None
+
+
+def why_not_sliced(model: nn.Module, *, compile: bool = False, distributed: bool = False) -> str | None:
+    """Why ``model``'s batches cannot be computed as concurrent slices (None: they can)."""
+    model.train()  # the random and batch-coupled layers are judged as a training step runs them
+    if distributed:
+        return "under torchrun each process is one slice"
+    if compile:
+        return "a compiled model runs one slice"
+    if not rng_is_thread_safe(model):
+        return "the model has dropout, whose random draws would depend on thread timing"
+    if batch_coupled(model):
+        return "the model has batch norm, whose statistics span the whole batch"
+    return None
+
+
+def thread_plan(device: torch.device, *, batch_size: int, slices: int | None = None, threads: int | None = None,
+                macs: int | None = None, tokens: int | None = None, why_not: str | None = None) -> ThreadPlan:
+    """The CPU threads and batch slices of a training run (decided, not applied; :func:`plan_training` applies it).
 
     Slices: ``slices`` (``--slices``), else one per core (:func:`cpu_plan`) for a small model in one process when
     the batch splits into slices of at least 256 tokens, the model draws its randomness only through vitlab's
-    DropPath, has no batch norm, and neither ``threads`` nor ``compile`` is given; else 1. Threads: ``threads``,
-    else one per slice when slicing, else ``OMP_NUM_THREADS`` when set, else one thread for a small model (below
-    :data:`SMALL_MODEL_MACS` multiply-accumulates per image, ``macs``, whose tiny matmuls gain nothing from
-    intra-op threads and lose much on a busy machine) that could have been sliced, and the cores shared among the
-    local processes for bigger models and for those that cannot be sliced (batch norm, dropout, compile,
-    torchrun). ``tokens``: tokens per image (None when not a ViT). Off the CPU: 1, and ``slices`` above 1 is
-    refused."""
+    DropPath, has no batch norm, and neither ``threads`` nor ``compile`` is given (``why_not``,
+    :func:`why_not_sliced`, says otherwise); else 1. Threads: ``threads``, else one per slice when slicing, else
+    ``OMP_NUM_THREADS`` when set (left as torch set it), else one thread for a small model (below
+    :data:`SMALL_MODEL_MACS` multiply-accumulates per image, ``macs``, whose tiny matmuls gain nothing from intra-op
+    threads and lose much on a busy machine) that could have been sliced, and the cores shared among the local
+    processes for bigger models and for those that cannot be sliced (batch norm, dropout, compile, torchrun).
+    ``tokens``: tokens per image (None when not a ViT). Off the CPU: 1 slice, threads untouched, and ``slices``
+    above 1 is refused."""
     if device.type != "cpu":
         if slices and slices > 1:
             raise ConfigError(f"--slices {slices} is a CPU option; drop it on {device}")
-        return 1
+        return ThreadPlan(1, None)
     macs = macs or 0
     chosen = slices or 1
-    model.train()  # the random and batch-coupled layers are judged as a training step runs them
-    why_not = None
-    if distributed:
-        why_not = "under torchrun each process is one slice"
-    elif compile:
-        why_not = "a compiled model runs one slice"
-    elif not rng_is_thread_safe(model):
-        why_not = "the model has dropout, whose random draws would depend on thread timing"
-    elif batch_coupled(model):
-        why_not = "the model has batch norm, whose statistics span the whole batch"
     if slices and slices > 1 and why_not:
         raise ConfigError(f"--slices {slices}: {why_not}; use --slices 1")
     if slices is None and not why_not and not threads and macs < SMALL_MODEL_MACS and tokens:
         chosen = cpu_plan(batch_size, tokens).slices
     if threads:
-        torch.set_num_threads(threads)
-    elif chosen > 1:
-        torch.set_num_threads(max(1, cpu_cores() // chosen))
-    elif "OMP_NUM_THREADS" not in os.environ:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        # a small model that could not be sliced (batch norm, dropout, compile, torchrun) takes the cores as
-        # intra-op threads: vit_mnist_conv_patch14's stem (batch norm) trained 462 images/s on 2 threads against
-        # 330 on one (batch 64, 2-core AMD EPYC Zen 3, 2026-11-26)
-        small = macs < SMALL_MODEL_MACS and why_not is None
-        torch.set_num_threads(1 if small else max(1, (os.cpu_count() or 1) // local))
-    return chosen
+        return ThreadPlan(chosen, threads)
+    if chosen > 1:
+        return ThreadPlan(chosen, max(1, cpu_cores() // chosen))
+    if "OMP_NUM_THREADS" in os.environ:
+        return ThreadPlan(chosen, None)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    # a small model that could not be sliced (batch norm, dropout, compile, torchrun) takes the cores as
+    # intra-op threads: vit_mnist_conv_patch14's stem (batch norm) trained 462 images/s on 2 threads against
+    # 330 on one (batch 64, 2-core AMD EPYC Zen 3, 2026-11-26)
+    small = macs < SMALL_MODEL_MACS and why_not is None
+    return ThreadPlan(chosen, 1 if small else max(1, (os.cpu_count() or 1) // local))
+
+
+def plan_training(model: nn.Module, device: torch.device, *, batch_size: int, slices: int | None = None,
+                  threads: int | None = None, compile: bool = False, distributed: bool = False,
+                  macs: int | None = None, tokens: int | None = None) -> int:
+    """Set the CPU threads of a training run of ``model`` as :func:`thread_plan` decides and return its number of
+    concurrent batch slices."""
+    why_not = why_not_sliced(model, compile=compile, distributed=distributed) if device.type == "cpu" else None
+    plan = thread_plan(device, batch_size=batch_size, slices=slices, threads=threads, macs=macs, tokens=tokens,
+                       why_not=why_not)
+    if plan.threads is not None:
+        torch.set_num_threads(plan.threads)
+    return plan.slices
 
 
 # ----------------------------------------------------------------------------------- sliced (threaded) steps

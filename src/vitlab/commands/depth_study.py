@@ -10,7 +10,7 @@ ALL_VARIANTS = "vit,qknorm,layerscale,rezero,skipinit,fixup,tfixup,cait,vit5,dee
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_force_option, add_run_options
+    from vitlab.commands.options import add_dry_run_option, add_force_option, add_run_options
 
     p = subparsers.add_parser(
         "depth-study", help="accuracy, attention collapse and residual ratios against depth per variant",
@@ -53,6 +53,7 @@ def register(subparsers: Any) -> None:
     add_run_options(p)
     p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figures, index.html)")
     add_force_option(p)
+    add_dry_run_option(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -80,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)
+    if args.dry_run:
+        from vitlab.experiments.depth_study import depth_run_specs
+        from vitlab.experiments.runs import print_plans
+
+        return print_plans(depth_run_specs(config), args.output, "depth study")
     result = run_depth_study(config)
     for a in result["summary"]:
         print(f"{a['variant']:<10} depth {a['depth']:>3}: test accuracy {100 * a['test_acc_mean']:.2f}% "

@@ -82,6 +82,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     add_executor_options(p)
 
 
+def add_dry_run_option(p: argparse.ArgumentParser) -> None:
+    """``--dry-run``: print each run's plan and the study's estimated cost, then stop."""
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each run's plan (model, data, schedule, threads; as `vitlab train --dry-run`) and the "
+                        "FLOPs of the runs left to train, then stop: nothing is trained or written")
+
+
 def add_force_option(p: argparse.ArgumentParser) -> None:
     """``--force``: write into an ``--output`` folder that holds files of the command's names without vitlab's marker
     (:mod:`vitlab.outputs`)."""

@@ -17,7 +17,7 @@ class _AfterParam(argparse.Action):
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_force_option, add_run_options
+    from vitlab.commands.options import add_dry_run_option, add_force_option, add_run_options
 
     p = subparsers.add_parser(
         "sweep", help="hyper-parameter sweep: accuracy and training time against option values",
@@ -65,6 +65,7 @@ def register(subparsers: Any) -> None:
     add_run_options(p)
     p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figures, index.html)")
     add_force_option(p)
+    add_dry_run_option(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.errors import ConfigError
 
     if args.search == "optuna":
+        if args.dry_run:
+            raise ConfigError("--dry-run lists a grid's runs; an optuna search picks each trial's values as it goes, "
+                              "so drop --dry-run (or plan one trial with `vitlab train --dry-run`)")
         return run_search_command(args)
     given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) is not None]
     if given:
@@ -88,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     config = SweepConfig(args.model, params, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
                          parse_set(args.set), command_line(args, paired=("param", "values")), args.logger,
                          finished_only=args.finished_only, executor=executor_config(args), force=args.force)
+    if args.dry_run:
+        from vitlab.experiments.runs import print_plans
+        from vitlab.experiments.sweep import sweep_run_specs
+
+        return print_plans(sweep_run_specs(config), args.output, "sweep")
     result = run_sweep(config)
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)

@@ -90,6 +90,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--config", default=S, help="YAML file of run options; flags override it")
     g.add_argument("--output", default=S, help="output folder (default runs/MODEL_DATASET_TIME)")
     g.add_argument("--resume", default=S, metavar="DIR", help="continue the run saved in DIR exactly")
+    g.add_argument("--dry-run", action="store_true", default=S,
+                   help="print the run's plan (every option resolved, the data, the schedule, the threads) and its "
+                        "estimated cost, then stop: nothing is trained or written, no folder created")
     g.add_argument("--force", action="store_true", default=S,
                    help="write into an --output folder that is not a vitlab run folder (no vitlab config.json) "
                         "although it holds files a run replaces (metrics.jsonl, summary.json, state.pt...)")
@@ -129,7 +132,7 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
     from vitlab.train.options import parse_set
 
     given = dict(vars(args))
-    for key in ("func", "command", "config", "resume", "verify", "force"):
+    for key in ("func", "command", "config", "resume", "verify", "force", "dry_run"):
         given.pop(key, None)
     options = load_yaml(args.config) if getattr(args, "config", None) else {}
     overrides = dict(options.get("model_overrides") or {})
@@ -148,20 +151,13 @@ def cli_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.train.config import RunConfig, default_model, default_recipe
     from vitlab.train.engine import train
-    from vitlab.train.resume import resumed_run_config
 
     options = cli_options(args)
-    resume = getattr(args, "resume", None)
-    if resume is not None:
-        cfg = resumed_run_config(resume, options, verify=getattr(args, "verify", True))
-    else:
-        if "model" not in options:  # the data set's default model and its recipe (a resumed run keeps its own)
-            dataset = str(options.get("dataset", RunConfig.dataset))
-            options = {**default_recipe(dataset), **options, "model": default_model(dataset)}
-        cfg = RunConfig.from_dict(options, "command line")
-    result = train(cfg, resume=resume, verify=getattr(args, "verify", True), force=getattr(args, "force", False))
+    resume, verify, force = getattr(args, "resume", None), getattr(args, "verify", True), getattr(args, "force", False)
+    if getattr(args, "dry_run", False):
+        return dry_run(options, resume=resume, verify=verify, force=force)
+    result = train(options, resume=resume, verify=verify, force=force)
     if result.exit_code or os.environ.get("RANK", "0") != "0":
         return result.exit_code
     s = result.summary
@@ -174,4 +170,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"final test_acc {100 * s['final_test_acc']:.2f}% (best {100 * s['best_test_acc']:.2f}% at epoch "
           f"{s['best_epoch']}), test_loss {s['final_test_loss']:.4f}, {s['train_images_per_second']:.0f} train "
           f"images/s, {s['wall_time_s']:.1f} s; outputs in {result.out_dir}")
+    return 0
+
+
+def dry_run(options: dict[str, Any], *, resume: str | None, verify: bool, force: bool) -> int:
+    """Print the plan a run of ``options`` would train (its first line, then the plan in full) without training."""
+    import sys
+
+    from vitlab.train.plan import plan_run
+
+    plan = plan_run(options, resume=resume, verify=verify, force=force)
+    for warning in plan.warnings:
+        print(f"vitlab train: warning: {warning}", file=sys.stderr, flush=True)
+    print(f"{plan.describe()} (dry run: nothing is trained or written)")
+    for line in plan.lines():
+        print(f"  {line}")
     return 0

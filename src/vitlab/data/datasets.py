@@ -316,8 +316,9 @@ def stratified_indices(labels: Tensor, n: int, seed: int) -> Tensor:
     return torch.cat(picked).sort().values
 
 
-def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
-                      limits: tuple[int | None, int | None] = (None, None), stratify: bool = False) -> _Parts:
+def imagefolder_files(data_dir: Path) -> tuple[list[str], list[tuple[Path, int]], list[tuple[Path, int]]]:
+    """``(classes, train, val)`` of an image folder: the class names (the sub-folders of ``train/``) and each split's
+    ``(file, label)`` pairs, listed without reading an image."""
     layout = "data_dir/train/<class>/*.png and data_dir/val/<class>/*.png"
     train_dir = data_dir / "train"
     val_dir = next((d for d in (data_dir / "val", data_dir / "test") if d.is_dir()), data_dir / "val")
@@ -328,8 +329,8 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
     if not classes:
         raise DataError(f"{train_dir} has no class sub-folders; arrange the images as {layout}")
     index = {c: i for i, c in enumerate(classes)}
-    out: list[Tensor] = []
-    for split_dir, limit in zip((train_dir, val_dir), limits):
+    splits: list[list[tuple[Path, int]]] = []
+    for split_dir in (train_dir, val_dir):
         files_labels: list[tuple[Path, int]] = []
         for class_dir in _class_dirs(split_dir):
             if class_dir.name not in index:
@@ -343,6 +344,15 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
             files_labels += [(f, index[class_dir.name]) for f in files]
         if not files_labels:
             raise DataError(f"{split_dir} has no class sub-folders; arrange the images as {layout}")
+        splits.append(files_labels)
+    return classes, splits[0], splits[1]
+
+
+def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
+                      limits: tuple[int | None, int | None] = (None, None), stratify: bool = False) -> _Parts:
+    classes, train, val = imagefolder_files(data_dir)
+    out: list[Tensor] = []
+    for files_labels, limit in zip((train, val), limits):
         labels = torch.tensor([label for _, label in files_labels]) if stratify else None
         keep = subset_indices(len(files_labels), limit, labels)  # only the subset is read and resized
         if keep is not None:
@@ -353,6 +363,23 @@ def _load_imagefolder(data_dir: Path, img_size: int, in_chans: int,
 
 
 # --------------------------------------------------------------------------------------------- loading
+
+
+def check_input(img_size: int, in_chans: int) -> None:
+    """Refuse, in one line, an input no data set can be prepared at."""
+    if in_chans not in (1, 3):
+        raise DataError(f"in_chans={in_chans} is not supported; use in_chans=1 (gray) or 3 (RGB)")
+    if img_size <= 0:
+        raise DataError(f"img_size={img_size} must be a positive number of pixels; pass e.g. --img-size 28")
+
+
+def data_folder(key: str, data_dir: str | Path | None) -> Path | None:
+    """The ``--data-dir`` of data set ``key`` (canonical), refused in one line when it does not exist."""
+    folder = Path(data_dir).expanduser() if data_dir is not None else None
+    if folder is not None and key != "mnist-5k" and not folder.is_dir():
+        raise DataError(f"data directory {folder} does not exist; pass --data-dir an existing folder "
+                        f"({_OFFLINE_HINT.get(key, 'with train/ and val/ class sub-folders')})")
+    return folder
 
 
 def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int, in_chans: int,
@@ -373,14 +400,8 @@ def load_dataset(name: str, *, data_dir: str | Path | None = None, img_size: int
         stratify: draw those subsets per class, each class keeping its share (:func:`stratified_indices`).
     """
     key = _canonical(name)
-    if in_chans not in (1, 3):
-        raise DataError(f"in_chans={in_chans} is not supported; use in_chans=1 (gray) or 3 (RGB)")
-    if img_size <= 0:
-        raise DataError(f"img_size={img_size} must be a positive number of pixels; pass e.g. --img-size 28")
-    folder = Path(data_dir).expanduser() if data_dir is not None else None
-    if folder is not None and key != "mnist-5k" and not folder.is_dir():
-        raise DataError(f"data directory {folder} does not exist; pass --data-dir an existing folder "
-                        f"({_OFFLINE_HINT.get(key, 'with train/ and val/ class sub-folders')})")
+    check_input(img_size, in_chans)
+    folder = data_folder(key, data_dir)
     if key == "mnist-5k":
         parts = _load_mnist5k()
     elif key == "imagefolder":

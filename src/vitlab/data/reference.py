@@ -1,7 +1,7 @@
 """What a trained model reaches on each data set: the yardstick studies use to flag under-trained runs.
 
 :data:`REFERENCE_ACCURACY` is the test accuracy a small ViT reaches with the data set's default recipe
-(:data:`vitlab.train.config.SIZE_DEFAULTS`) on the full training set. A study run that ends more than
+(:data:`vitlab.train.recipes.SIZE_DEFAULTS`) on the full training set. A study run that ends more than
 :data:`UNDERTRAINED_MARGIN` below it is marked under-trained: its number describes an early phase of
 training (on mnist-5k, the plateau near 20-45 %), not the finding the study is after. Data sets without an
 entry (CIFAR, image folders) are not checked.

@@ -15,10 +15,10 @@ BUDGETS = {"quick": 0.2, "default": 1.0, "long": 2.0}  # fraction of the data se
 
 def budget_epochs(budget: str, dataset: str, limit_train: int | None = None) -> int | None:
     """Epochs per run of ``budget`` on ``dataset``: a fraction of the recipe's epochs (the row of
-    :data:`~vitlab.train.config.SIZE_DEFAULTS` for its training-set size). None for ``default``: the run then
+    :data:`~vitlab.train.recipes.SIZE_DEFAULTS` for its training-set size). None for ``default``: the run then
     takes the recipe's epochs when it resolves its config, exactly as ``vitlab train`` does."""
     from vitlab.data.reference import TRAIN_SIZES
-    from vitlab.train.config import size_defaults
+    from vitlab.train.recipes import size_defaults
 
     if budget not in BUDGETS:
         raise ConfigError(unknown_option(budget, list(BUDGETS), "--budget"))

@@ -390,16 +390,9 @@ def check_depth_study(config: DepthStudyConfig) -> Any:
     return base_model
 
 
-def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
-    """Train (or read back) every run, diagnose each checkpoint, and write the tables, figures and report into
-    ``config.output``; returns :func:`write_study`'s result and the study folder (``out``)."""
-    import sys
-
-    from vitlab.data import load_dataset, normalization
-    from vitlab.experiments.runs import run_study, track_study
-
-    base_model = check_depth_study(config)
-    depths, variants, cfg = sorted(config.depths), config.variants, config.run
+def depth_run_specs(config: DepthStudyConfig) -> list[RunSpec]:
+    """The runs of ``config`` (what ``--dry-run`` plans and :func:`run_depth_study` trains)."""
+    cfg = config.run
     if config.probe_images and not cfg.probe_images:
         cfg = cfg.replace(probe_images=config.probe_images)
     rates = None
@@ -409,7 +402,23 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
         if cfg.lr is not None:
             raise ConfigError("give --lr or --lr-from, not both: --lr-from sets each variant's rate")
         rates = best_rates(config.lr_from)
-    specs = depth_specs(config.base, depths, variants, list(range(config.seeds)), cfg, config.shared, rates)
+    return depth_specs(config.base, sorted(config.depths), config.variants, list(range(config.seeds)), cfg,
+                       config.shared, rates)
+
+
+def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
+    """Train (or read back) every run, diagnose each checkpoint, and write the tables, figures and report into
+    ``config.output``; returns :func:`write_study`'s result and the study folder (``out``)."""
+    import sys
+
+    from vitlab.data import load_dataset, normalization
+    from vitlab.experiments.runs import run_study, track_study
+
+    base_model = check_depth_study(config)
+    variants, cfg = config.variants, config.run
+    if config.probe_images and not cfg.probe_images:
+        cfg = cfg.replace(probe_images=config.probe_images)
+    specs = depth_run_specs(config)
     out, pairs = run_study(specs, config.output, "depth-study", force=config.force, command=config.command,
                            title="depth study", finished_only=config.finished_only, executor=config.executor)
     # the tables by variant, then depth, then seed, whatever order the runs trained in

@@ -114,6 +114,32 @@ def changed_options(cfg: Any, run_dir: Path) -> list[str]:
     return setting_differences(cfg, stored, ModelSpec.from_dict(config["model"]).options())
 
 
+def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
+    """``--dry-run`` of a study: each run's plan (:func:`vitlab.train.plan.plan_run`, one line: model, data,
+    schedule, threads) as the study would train it in ``out_dir / spec.name`` (resumed where a checkpoint is there;
+    a finished run is read back, not planned), and the FLOPs of those to train; nothing is trained or written."""
+    from vitlab.checkpoint import CONFIG
+    from vitlab.flops import human
+    from vitlab.train.plan import plan_run
+
+    out_dir, total, planned = Path(out_dir), 0, 0
+    for i, spec in enumerate(specs):
+        run_dir = out_dir / spec.name
+        head = f"[{i + 1}/{len(specs)}] {title} {spec.name}"
+        if read_summary(run_dir) is not None:
+            print(f"{head}: finished, read back")
+            continue
+        cfg = spec.config.replace(output=str(run_dir))
+        resume = run_dir if (run_dir / CONFIG).is_file() else None
+        plan = plan_run(cfg, resume=resume, init_weights=None if resume else spec.init)
+        flops = plan.estimated_flops()
+        total, planned = total + (flops or 0), planned + 1
+        print(f"{head}{' (resumed)' if resume else ''}: {plan.describe().removeprefix('vitlab train: ')}")
+    print(f"{title}: {planned} of {len(specs)} runs to train, about {human(total, 'FLOPs')} (dry run: nothing is "
+          f"trained or written, {out_dir} is not created)")
+    return 0
+
+
 class Progress:
     """One line per run on stderr: ``[3/12] name: ...`` with the elapsed time and an estimate of what is left."""
 

@@ -257,19 +257,24 @@ class SweepConfig:
     force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
 
+def sweep_run_specs(config: SweepConfig) -> list[RunSpec]:
+    """The runs of ``config``, checked (what ``--dry-run`` plans and :func:`run_sweep` trains)."""
+    if config.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
+    clash = [p.name for p in config.params if p.name in config.fixed]
+    if clash:
+        raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
+    return sweep_specs(config.model, config.params, list(range(config.seeds)), config.base, config.fixed)
+
+
 def run_sweep(config: SweepConfig) -> dict[str, Any]:
     """Train (or read back) every run of the sweep and write its tables, figures and report into
     ``config.output``; returns :func:`write_sweep`'s result, the study folder (``out``) and the ``(spec, summary)``
     pairs (``pairs``; :func:`vitlab.experiments.runs.exit_status` tells which failed)."""
     from vitlab.experiments.runs import run_study, track_study
 
-    if config.seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
-    clash = [p.name for p in config.params if p.name in config.fixed]
-    if clash:
-        raise ConfigError(f"{', '.join(clash)} is swept by --param and fixed by --set; drop one of them")
     base = config.base
-    specs = sweep_specs(config.model, config.params, list(range(config.seeds)), base, config.fixed)
+    specs = sweep_run_specs(config)
     out, pairs = run_study(specs, config.output, "sweep", force=config.force, command=config.command, title="sweep",
                            finished_only=config.finished_only, executor=config.executor)
     title = f"Sweep of {config.model} on {base.dataset}"

@@ -1,5 +1,7 @@
-"""The data stage of a run: its data loaded in memory at the model's input (:func:`load_run_data`), then, step by
-step, model-ready batches: subsets, per-epoch order, normalise + augment + mix.
+"""The data stage of a run: the data its plan names loaded in memory at the model's input (:func:`load_run_data`),
+checked against the facts the plan was made from, then, step by step, model-ready batches: per-epoch order,
+normalise + augment + mix. Nothing here decides a setting: the subsets, the hold-out, the normalisation and the
+augmentation are the plan's (:mod:`vitlab.train.plan`).
 
 Nothing here loops over images in Python except the optional TrivialAugment (torchvision works per image);
 the affine augmentation and random erasing run on the whole batch (``vitlab.data.BatchAugment``).
@@ -8,17 +10,17 @@ the affine augmentation and random erasing run on the whole batch (``vitlab.data
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from vitlab.data import BatchAugment, DataSplit, load_dataset, normalization, normalize
+from vitlab.data import BatchAugment, DataSplit, load_dataset, normalize
 from vitlab.data.augment import ThreeAugment
 from vitlab.data.datasets import stratified_indices, subset_indices
-from vitlab.errors import ConfigError
-from vitlab.train.config import RunConfig, RunModel, for_data
-from vitlab.train.distributed import DistContext, check_batch
+from vitlab.errors import ConfigError, DataError
+from vitlab.train.config import RunConfig
+from vitlab.train.distributed import DistContext
+from vitlab.train.plan import RunPlan
 from vitlab.train.seeding import derive_seed, generator
 
 VAL_SEED = 0x7A1  # --val-split / --val-size hold out the same images in every run, whatever --seed
@@ -66,8 +68,6 @@ class RunData:
     val: DataSplit | None  # held out of the training images (--val-split / --val-size), else None
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    info: dict[str, Any]  # what config.json stores under "data"
-    steps_per_epoch: int
     pipeline: BatchPipeline
 
     @property
@@ -84,46 +84,33 @@ class RunData:
         return self.test if self.val is None else self.val
 
 
-def load_run_data(cfg: RunConfig, run_model: RunModel, ctx: DistContext) -> tuple[RunData, RunConfig, RunModel]:
-    """Load the run's data at the input its model takes (rank 0 downloads first), take the fixed subsets and
-    the validation hold-out, and fill the recipe for the training set's size (:func:`vitlab.train.config.for_data`);
-    returns the data on the run's device with the completed config and model config."""
-    img_size, in_chans = run_model.img_size, run_model.in_chans
+def load_run_data(plan: RunPlan, ctx: DistContext) -> RunData:
+    """Load the data of ``plan`` at the input its model takes (rank 0 downloads first), take the subsets and the
+    validation hold-out it names, and put it on the run's device; data that is not what the plan was made from (a
+    file changed since) is refused."""
+    d = plan.data
     if not ctx.is_main:
         ctx.barrier()
-    train_split, test_split = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=img_size,
-                                           in_chans=in_chans, download=cfg.download and ctx.is_main,
-                                           limit_train=cfg.limit_train, limit_test=cfg.limit_test,
-                                           stratify=cfg.stratify)  # subset first
+    train_split, test_split = load_dataset(d.dataset, data_dir=d.data_dir, img_size=d.img_size, in_chans=d.in_chans,
+                                           download=d.download and ctx.is_main,
+                                           limit_train=plan.run.limit_train, limit_test=plan.run.limit_test,
+                                           stratify=plan.run.stratify)
     if ctx.is_main:
         ctx.barrier()
-    if len(train_split.classes) < 2:  # one class: always right (accuracy 100%, loss 0), nothing learnt
-        name = str(train_split.classes[0]).encode("utf-8", "surrogateescape").decode("utf-8", "replace") \
-            if train_split.classes else ""
-        raise ConfigError(f"{cfg.dataset} has one class ({name}), so every prediction would be right and nothing "
-                          "is learnt; a classifier needs at least two classes (imagefolder: one sub-folder of "
-                          "train/ per class)")
-    train_split, val_split = holdout(train_split, fraction=cfg.val_split, size=cfg.val_size, stratify=cfg.stratify)
-    cfg, run_model = for_data(cfg, run_model, len(train_split))
-    check_batch(cfg.batch_size, ctx)
-    steps_per_epoch = len(train_split) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ConfigError(f"--batch-size {cfg.batch_size} is larger than the {len(train_split)} training "
-                          f"images; use --batch-size {len(train_split)} or less")
-    classes = list(train_split.classes)
-    mean, std = normalization(cfg.dataset, in_chans)
-    info = {"classes": classes, "mean": list(mean), "std": list(std), "img_size": img_size, "in_chans": in_chans,
-            "num_train": len(train_split), "num_test": len(test_split)}
-    if val_split is not None:
-        info["num_val"] = len(val_split)
+    found = (len(train_split), len(test_split), len(train_split.classes))
+    if found != (d.limit_train, d.num_test, d.num_classes) or d.classes not in (None, tuple(train_split.classes)):
+        raise DataError(f"{d.dataset}{f' in {d.data_dir}' if d.data_dir else ''} holds {found[0]} training and "
+                        f"{found[1]} test images of {found[2]} classes once subset, but its facts said "
+                        f"{d.limit_train}, {d.num_test} and {d.num_classes}: its files changed or are not the data "
+                        "set's; restore them (or delete them to download them again)")
+    train_split, val_split = holdout(train_split, size=d.num_val, stratify=plan.run.stratify)
 
     def on_device(split: DataSplit | None) -> DataSplit | None:
         return None if split is None else DataSplit(split.images.to(ctx.device), split.labels.to(ctx.device),
                                                     split.classes)
 
-    data = RunData(on_device(train_split), on_device(test_split), on_device(val_split), mean, std, info,
-                   steps_per_epoch, BatchPipeline(cfg, mean, std, len(classes), in_chans))
-    return data, cfg, run_model
+    pipeline = BatchPipeline(plan.run, d.mean, d.std, d.num_classes, d.in_chans)
+    return RunData(on_device(train_split), on_device(test_split), on_device(val_split), d.mean, d.std, pipeline)
 
 
 def epoch_order(num: int, seed: int, epoch: int, repeats: int = 1) -> Tensor:

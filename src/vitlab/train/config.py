@@ -1,97 +1,58 @@
-"""The run configuration, the first stage of a run: one dataclass, YAML loading, the recipe defaults per data set
-size, and the config as a run starts (:func:`settle`: checked, its model config resolved once, its output folder).
+"""The options of a training run and their limits: :class:`RunConfig` (every option, ``None`` where the recipe
+decides), :data:`LIMITS` (the values a run can work with, each refused in one line naming the range) and
+:func:`coerce` (keys and types of options given as text or YAML).
 
-Precedence, lowest first: :data:`SIZE_DEFAULTS` (by training-set size) and :data:`AUGMENT_DEFAULTS` (by kind of
-image), then a ``--config`` YAML file, then command-line flags; recipe fields left None are filled by :func:`resolve`.
-
-Its length (about 420 lines) is its one concept: every run option with its limit and default sits beside the
-others, so a reader checks an option's rule in one place.
+What an unset option becomes is decided by the run plan (:mod:`vitlab.train.plan`) from the recipe tables
+(:mod:`vitlab.train.recipes`); a ``--config`` file is read by :mod:`vitlab.train.config_file`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
-import time
+import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitlab.catalog import dataset_info
-from vitlab.data.datasets import canonical_dataset
 from vitlab.errors import ConfigError
-from vitlab.models.registry import find_preset, resolve_spec
-from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
-from vitlab.train.distributed import DistContext
-from vitlab.train.lock import check_free
+from vitlab.train.config_file import read_yaml
 from vitlab.train.options import coerce_value
-from vitlab.train.output import check_new_run, check_path
-from vitlab.train.recipes import DEIT3, RECIPES, recipe_defaults
+from vitlab.train.recipes import (  # re-exported: the tables' former home
+    AUGMENT_DEFAULTS,
+    DEFAULT_MODELS,
+    DEFAULT_RECIPES,
+    DEIT3,
+    LIBRARY_MODEL,
+    MODEL_DEFAULTS,
+    NO_AUGMENT,
+    RECIPES,
+    SIZE_DEFAULTS,
+    data_kind,
+    default_model,
+    default_recipe,
+    fill,
+    model_defaults,
+    recipe_defaults,
+    size_defaults,
+)
 from vitlab.train.tracking import check_logger
 
-__all__ = ["AUGMENT_DEFAULTS", "DEFAULT_MODELS", "DEFAULT_RECIPES", "DEIT3", "NO_AUGMENT", "RECIPES", "RunConfig",
-           "RunModel", "canonical_dataset", "coerce", "default_model", "default_recipe", "for_data", "load_yaml",
-           "model_defaults", "recipe_defaults", "resolve_run_model", "settle", "size_defaults"]
-
-# Training recipe by number of training images (the first row whose bound is >= N applies).
-# The small-data row is tuned on mnist-5k (4,000 digits) with vit_mnist: batch 64 beat 128 and drop-path 0
-# beat 0.1 (98.3% vs 97.2% after 60 epochs); 50 epochs (97.8%) fit in 5 minutes on one 2-core-machine thread,
-# --epochs 60 gives 98.3%. Deep models (24+ blocks) still want --drop-path 0.1-0.2. See docs/training.md.
-# The mid-size row is sized to Fashion-MNIST on a 2-core CPU: 20 epochs of batch 128 at lr 2e-3 (drop-path 0 for a
-# 0.4M-parameter model) took 701 s with vit_mnist and ended at 88.2% test accuracy; the former row (30 epochs of
-# batch 256 at lr 1e-3, drop-path 0.1) needed about 18 minutes. benchmarks/README.md, "Time to accuracy".
-SIZE_DEFAULTS: list[tuple[int, dict[str, Any]]] = [
-    (10_000, dict(epochs=50, batch_size=64, lr=2e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=3,
-                  label_smoothing=0.1, clip_grad=1.0, drop_path=0.0, ema_decay=0.0)),
-    (100_000, dict(epochs=20, batch_size=128, lr=2e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=2,
-                   label_smoothing=0.1, clip_grad=1.0, drop_path=0.0, ema_decay=0.0)),
-    (1 << 62, dict(epochs=10, batch_size=256, lr=1e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=1,
-                   label_smoothing=0.1, clip_grad=1.0, drop_path=0.1, ema_decay=0.0)),
-]
-
-# Augmentation by kind of image (each data set's kind is in vitlab.catalog): digits must not be flipped;
-# natural images are flipped and shifted; clothing (Fashion-MNIST: centred, upright, mirror-symmetric garments) is
-# flipped and shifted a little, never rotated or sheared: a rotated shirt or a sheared shoe is not a garment of the
-# data set.
-AUGMENT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": dict(degrees=12.0, scale=(0.9, 1.1), shear=8.0, translate=0.12, erase_prob=0.0, hflip=False,
-                   pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0),
-    "clothing": dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0, hflip=True,
-                     pad_crop=2, trivial_augment=False, mixup=0.0, cutmix=0.0),
-    "natural": dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.25, hflip=True,
-                    pad_crop=4, trivial_augment=False, mixup=0.0, cutmix=0.0),
-}
-# what --no-augment sets: every augmentation off
-NO_AUGMENT: dict[str, Any] = dict(degrees=0.0, scale=(1.0, 1.0), shear=0.0, translate=0.0, erase_prob=0.0,
-                                  hflip=False, pad_crop=0, trivial_augment=False, mixup=0.0, cutmix=0.0,
-                                  three_augment=False, color_jitter=0.0)
-
-# Model overrides a data set's recipe applies to vitlab presets of arch 'vit' unless the user sets them.
-# (on mnist-5k the class-token head learned far slower: 63% vs 80% test accuracy after 9 epochs; weight_init=xavier
-# leaves the early plateau but did not reach 97.5% sooner: benchmarks/README.md, "Time to accuracy")
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"digits": {"global_pool": "avg"}, "clothing": {"global_pool": "avg"},
-                                             "natural": {}}
-# The model `vitlab train` trains with no --model, by kind of image (else vit_mnist; docs/training.md's scan), and
-# the recipe options that model trains with unless the user sets them (DEFAULT_RECIPES). Command defaults, not library
-# ones: RunConfig() and every study keep vit_mnist, the paper's plain ViT, and the recipe of the data set's size.
-DEFAULT_MODELS: dict[str, str] = {"digits": "vit_mnist_conv_patch14", "clothing": "vit_fashion_conv_patch14"}
-# clothing: a channels-last stem (1.16x the images/s on 2 cores), the 19 epochs 15 min hold, EMA, flip, 1-pixel shift
-DEFAULT_RECIPES: dict[str, dict[str, Any]] = {"clothing": {**NO_AUGMENT, "epochs": 19, "lr": 3e-3, "warmup_epochs": 1,
-                                                           "ema_decay": 0.999, "hflip": True, "pad_crop": 1,
-                                                           "channels_last": True}}
-PRESET_NEUTRAL = ("name", "num_classes", "drop_path_rate")  # no part of what a preset is: a label, data, recipe
+__all__ = ["AUGMENT_DEFAULTS", "DEFAULT_MODELS", "DEFAULT_RECIPES", "DEIT3", "LIMITS", "MODEL_DEFAULTS", "NO_AUGMENT",
+           "RECIPES", "SIZE_DEFAULTS", "RunConfig", "coerce", "data_kind", "default_model", "default_recipe",
+           "load_yaml", "model_defaults", "recipe_defaults", "size_defaults"]
 
 AMP_MODES = ("auto", "bf16", "off")
 OPTIMIZERS, LOSSES = ("adamw", "lamb"), ("ce", "bce")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    """Everything a training run needs besides the data; stored in each checkpoint's config.json."""
+    """The options of a training run: those its user gives, ``None`` where the recipe decides (the run plan fills
+    them, :func:`vitlab.train.plan.make_plan`); resolved, it is the ``run`` of each checkpoint's config.json."""
 
-    model: str = "vit_mnist"  # a preset name, or timm:NAME
+    model: str = LIBRARY_MODEL  # a preset name, or timm:NAME
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields (timm: kwargs)
     dataset: str = "mnist-5k"
     data_dir: str | None = None
@@ -166,12 +127,10 @@ class RunConfig:
         return dataclasses.replace(self, **coerce(changes, "run config"))
 
     def resolve(self, num_train: int, width: int | None = None) -> RunConfig:
-        """Fill every ``None`` recipe field from the defaults for ``num_train`` images of this data set, those of
-        a named recipe (:func:`recipe_defaults`, ``width``: the model's embedding width) over them."""
-        defaults = {**size_defaults(num_train), **AUGMENT_DEFAULTS[data_kind(self.dataset)]}
-        batch_size = self.batch_size if self.batch_size is not None else defaults["batch_size"]
-        defaults.update(recipe_defaults(self.recipe, batch_size=batch_size, width=width))
-        filled = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        """This config with every unset recipe option filled for ``num_train`` training images of its data set
+        (:func:`vitlab.train.recipes.fill`, ``width``: the model's embedding width), checked: the recipe a run of
+        these options takes, as its plan decides it."""
+        filled, _ = fill(self.to_dict(), num_train=num_train, width=width)
         cfg = dataclasses.replace(self, **filled)
         cfg.validate()
         return cfg
@@ -254,164 +213,13 @@ LIMITS: dict[str, tuple[Any, Any, str, str]] = {key: (*_interval(*bounds, **kw),
 ]}
 
 
-def size_defaults(num_train: int) -> dict[str, Any]:
-    """The recipe row of :data:`SIZE_DEFAULTS` for a training set of ``num_train`` images."""
-    return dict(next(row for bound, row in SIZE_DEFAULTS if num_train <= bound))
-
-
-def data_kind(dataset: str) -> str:
-    """The kind of image of a data set (its catalog entry's); natural for one the catalog does not know."""
-    info = dataset_info(dataset)
-    return info.kind if info is not None else "natural"
-
-
-def model_defaults(dataset: str) -> dict[str, Any]:
-    return dict(MODEL_DEFAULTS[data_kind(dataset)])
-
-
-def default_model(dataset: str) -> str:
-    """The preset `vitlab train` trains on ``dataset`` when no model is named (:data:`DEFAULT_MODELS`)."""
-    return DEFAULT_MODELS.get(data_kind(dataset), RunConfig.model)
-
-
-def default_recipe(dataset: str) -> dict[str, Any]:
-    """The run options :func:`default_model` trains with on ``dataset`` where the user sets none
-    (:data:`DEFAULT_RECIPES`); empty for a kind of image whose default recipe is that of its size."""
-    return dict(DEFAULT_RECIPES.get(data_kind(dataset), {}))
-
-
-# ------------------------------------------------------------------------------------- the run as it starts
-
-
-def settle(cfg: RunConfig, ctx: DistContext, *, resume: str | Path | None = None,
-           init_weights: str | Path | None = None, force: bool = False) -> tuple[RunConfig, RunModel, Path]:
-    """The first stage of a run, before any data loads: the config checked (data set name made canonical, every
-    value in range), its model config resolved once (:func:`resolve_run_model`), and the output folder (the same on
-    every process), refused when another run writes there, a new run would overwrite a checkpoint or, unless
-    ``force``, files in a folder without vitlab's marker (:mod:`vitlab.train.output`), or it sits in the data."""
-    cfg = cfg.replace(dataset=canonical_dataset(cfg.dataset))
-    cfg.validate()
-    if resume is not None and init_weights is not None:
-        raise ConfigError("a resumed run continues from its own weights; drop the initial weights, or start a new "
-                          "run with another --output")
-    run_model = resolve_run_model(cfg)
-    if resume is None and ctx.is_main:
-        warn_long_warmup(cfg)
-    out = Path(cfg.output) if cfg.output else (Path(resume) if resume else default_output(cfg))
-    out = Path(ctx.broadcast_object(str(out)))
-    check_path(out, cfg.data_dir)
-    if ctx.is_main:
-        check_free(out)  # a live run writes there
-    check_new_run(out, resume=resume, force=force)
-    return cfg, run_model, out
-
-
-def warn_long_warmup(cfg: RunConfig) -> None:
-    """One line on stderr when a warm-up given is longer than the run: the learning rate then never reaches --lr
-    nor decays (allowed, as a study of warm-ups may want it)."""
-    if cfg.warmup_epochs is not None and cfg.epochs is not None and cfg.warmup_epochs > cfg.epochs:
-        print(f"vitlab train: warning: the warm-up ({_num(cfg.warmup_epochs)} epochs) is longer than the run "
-              f"({cfg.epochs} epochs), so the learning rate peaks at {100 * cfg.epochs / cfg.warmup_epochs:.0f}% of "
-              f"--lr and never decays; pass --warmup-epochs {cfg.epochs} or less", file=sys.stderr, flush=True)
-
-
-def default_output(cfg: RunConfig) -> Path:
-    name = cfg.model.replace(":", "-").replace("/", "-")
-    return Path("runs") / f"{name}_{cfg.dataset}_{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def for_data(cfg: RunConfig, run_model: RunModel, num_train: int) -> tuple[RunConfig, RunModel]:
-    """The config and model once the training set is known: the recipe of its size filled in
-    (:meth:`RunConfig.resolve`), the model given the recipe's drop-path, and the run config storing the model options
-    the model is built with."""
-    cfg = cfg.resolve(num_train, width=run_model.width)
-    run_model = run_model.with_recipe(cfg)
-    return cfg.replace(model_overrides=run_model.overrides), run_model
-
-
-@dataclass(frozen=True)
-class RunModel:
-    """The model config of a run, resolved once from its :class:`RunConfig` (see :func:`resolve_run_model`)."""
-
-    spec: ModelSpec  # what the run builds, but for the data's class count (:meth:`spec_for`)
-    overrides: dict[str, Any]  # the effective model options the run config stores (ModelConfig fields; timm kwargs)
-    img_size: int  # the input the data is prepared at
-    in_chans: int
-
-    def with_recipe(self, cfg: RunConfig) -> RunModel:
-        """This model with the resolved recipe's drop-path rate and rule, unless the model options set them."""
-        recipe = {"drop_path_rate": cfg.drop_path}
-        if cfg.drop_path_rule is not None:
-            recipe["drop_path_rule"] = cfg.drop_path_rule
-        recipe = {k: v for k, v in recipe.items() if k not in self.overrides}
-        return dataclasses.replace(self, spec=self.spec.with_options(**recipe), overrides={**self.overrides, **recipe})
-
-    @property
-    def width(self) -> int | None:
-        """The model's embedding width (vitlab presets; timm models: their ``embed_dim`` option), else None."""
-        if self.spec.config is not None:
-            return self.spec.config.embed_dim
-        value = self.overrides.get("embed_dim")
-        return int(value) if isinstance(value, int) else None
-
-    def spec_for(self, num_classes: int) -> ModelSpec:
-        """The spec of the run's model for the data's ``num_classes`` classes (they win over a ``num_classes``
-        option)."""
-        return self.spec.with_options(num_classes=num_classes)
-
-
-def resolve_run_model(cfg: RunConfig) -> RunModel:
-    """The model of run ``cfg``, before any data is loaded: the data set's defaults (vitlab ViTs) under the
-    user's options, resolved into a spec once, and the input size and channels the data must be prepared at. The
-    drop-path rate is a recipe option, known once the recipe is resolved for the training set's size
-    (:meth:`RunModel.with_recipe`); the class count is the data's (:meth:`RunModel.spec_for`)."""
-    name, overrides = cfg.model, dict(cfg.model_overrides)
-    if is_timm(name):
-        img_size, in_chans = _timm_input(name[len(TIMM_PREFIX):], overrides, cfg.dataset)
-        spec = resolve_spec(name, **{**overrides, "img_size": img_size, "in_chans": in_chans})
-        return RunModel(spec, overrides, img_size, in_chans)
-    # the user's options checked as they stand, as vitlab.create_model checks them (a num_classes option too; the
-    # data's count wins, spec_for); then the data set's defaults where the user set nothing
-    spec = resolve_spec(name, **overrides)
-    if spec.config.arch == "vit":
-        defaults = {k: v for k, v in model_defaults(cfg.dataset).items() if k not in overrides}
-        if cfg.recipe == "deit3" and spec.config.gate == "none" and "gate" not in overrides:
-            defaults["gate"] = "layerscale"  # DeiT III trains its ViTs with LayerScale (init 1e-4, models_v2.py)
-        overrides = {**defaults, **overrides}
-        changed = spec.with_options(**defaults)
-        # defaults that make the preset another preset take its name (vit_mnist -> vit_mnist_gap); no weight changes
-        preset = find_preset(changed.config, PRESET_NEUTRAL) if changed.config != spec.config else None
-        spec = changed.with_options(name=preset) if preset else changed
-    return RunModel(spec, overrides, spec.config.img_size, spec.config.in_chans)
-
-
-def _timm_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:
-    """(img_size, in_chans) a timm model is created for: the options, else the data set's native shape
-    (vitlab.catalog), else timm's default size and 3 channels."""
-    info = dataset_info(dataset)
-    img_size = overrides.get("img_size", info.img_size if info else None)
-    in_chans = overrides.get("in_chans", (info.in_chans if info else None) or 3)
-    if img_size is None:
-        img_size = _timm_default_size(name)
-    if isinstance(img_size, list | tuple):
-        if len(set(img_size)) != 1:
-            raise ConfigError(f"img_size {img_size} must be square for vitlab's data; give one number")
-        img_size = img_size[0]
-    return int(img_size), int(in_chans)
-
-
-def _timm_default_size(name: str) -> int:
-    import timm
-
-    try:
-        return int(timm.get_pretrained_cfg(name).input_size[-1])
-    except (AttributeError, RuntimeError, ValueError):
-        return 224
-
-
 def _type_of(name: str) -> Any:
-    hints = typing.get_type_hints(RunConfig)
-    return hints[name]
+    return _hints()[name]
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(RunConfig)
 
 
 def coerce(d: dict[str, Any], source: str) -> dict[str, Any]:
@@ -430,21 +238,4 @@ def coerce(d: dict[str, Any], source: str) -> dict[str, Any]:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a run config YAML file (a mapping of :class:`RunConfig` fields) as a checked partial dict."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; check the --config path")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        detail = str(exc).replace("\n", " ")
-        raise ConfigError(f"config file {path} is not valid YAML ({detail}); fix the syntax") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path} cannot be read as UTF-8 text ({exc}); pass a YAML text file") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of options (key: value), "
-                          f"got {type(data).__name__}")
-    return coerce(data, f"config file {path}")
+    return coerce(read_yaml(path), f"config file {path}")

@@ -1,9 +1,12 @@
-"""When a run has diverged, and the error that says so (raised by the training loop, :mod:`vitlab.train.loop`)."""
+"""When a run has diverged, and the error that says so (raised by the training loop, :mod:`vitlab.train.engine`)."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
+from vitlab.checkpoint import CONFIG
 from vitlab.errors import NumericalError
 
 # A run has diverged when the mean loss of a training step (over all processes) or of an epoch's evaluation exceeds
@@ -25,3 +28,32 @@ class NonFiniteLoss(NumericalError):
 
 class LossDiverged(NonFiniteLoss):
     """The loss stayed finite but grew past :data:`DIVERGENCE_FACTOR` times ln(classes)."""
+
+
+def causes(lr: float, *, amp: bool, clip_grad: float | None, out_dir: Path) -> str:
+    """The likely causes of a divergence and what became of the run's folder, as its error names them."""
+    found = [f"a learning rate too high (--lr {lr:g}; try {lr / 4:g})"]
+    if amp:
+        found.append("low-precision overflow (try --amp off)")
+    if not clip_grad:
+        found.append("no gradient clipping (try --clip-grad 1.0)")
+    kept = f"the last good checkpoint in {out_dir} is kept" if (out_dir / CONFIG).exists() \
+        else "no checkpoint was saved yet"
+    return f"likely {' or '.join(found)}; {kept}"
+
+
+def nonfinite_message(where: str, loss: float, why: str) -> str:
+    """A non-finite loss (or gradient norm, the loss being finite) at ``where``; ``why``: :func:`causes`."""
+    what = f"loss ({loss})" if not math.isfinite(loss) else f"gradient norm (loss {loss:.4g})"
+    return f"the run diverged: non-finite {what} at {where}; {why}; --skip-nonfinite skips such steps instead"
+
+
+def diverged_message(where: str, what: str, loss: float, classes: int, why: str) -> str:
+    """A loss past :data:`DIVERGENCE_FACTOR` times a uniform guess's over ``classes`` classes at ``where``."""
+    return (f"the run diverged: {what} {loss:.4g} at {where} is more than {DIVERGENCE_FACTOR:g} times that of a "
+            f"uniform guess over the {classes} classes ({math.log(classes):.4g}); {why}")
+
+
+def divergence_limit(classes: int) -> float:
+    """The loss past which a run of ``classes`` classes has diverged: :data:`DIVERGENCE_FACTOR` x ln(classes)."""
+    return DIVERGENCE_FACTOR * math.log(max(classes, 2))

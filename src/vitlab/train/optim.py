@@ -1,5 +1,6 @@
-"""The optimiser and its schedule: AdamW (or LAMB, DeiT III's) with weight decay on matrices only, optional
-layer-wise learning-rate decay (timm's parameter groups), and timm's per-step warm-up + cosine schedule."""
+"""The optimiser stage of a run: AdamW (torch's, or LAMB, DeiT III's, timm's) with weight decay on matrices only,
+optional layer-wise learning-rate decay (timm's parameter groups), and timm's per-step warm-up + cosine schedule.
+The rates and the steps are the plan's (:class:`vitlab.train.plan.Schedule`); nothing here picks a value."""
 
 from __future__ import annotations
 
@@ -70,20 +71,22 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, layer_d
                     optimizer: str | None = None) -> torch.optim.Optimizer:
     """The ``optimizer`` (``adamw``, the default, or ``lamb``) over :func:`param_groups`.
 
-    AdamW runs the fastest kernel this torch has for the parameters' device (``vitlab.perf.adamw``: fused on CPU and
-    CUDA, else multi-tensor ``foreach``; the same update). LAMB (You et al. 2020) is timm's ``Lamb`` as DeiT III
-    trains with it (the authors' ``--opt fusedlamb`` through timm's ``create_optimizer``: betas (0.9, 0.999), eps
-    1e-8, the gradients clipped to a global norm of 1 inside the optimiser, the layer-wise trust ratio on the groups
-    with weight decay only)."""
+    AdamW is torch's with the fastest kernel this torch has for the parameters' device (fused on CPU and CUDA where
+    supported, :func:`vitlab.perf.fused_adamw_supported`, else multi-tensor ``foreach``; the same update). LAMB (You
+    et al. 2020) is timm's ``Lamb`` as DeiT III trains with it (the authors' ``--opt fusedlamb`` through timm's
+    ``create_optimizer``: betas (0.9, 0.999), eps 1e-8, the gradients clipped to a global norm of 1 inside the
+    optimiser, the layer-wise trust ratio on the groups with weight decay only)."""
+    groups = param_groups(model, weight_decay, layer_decay)
     if optimizer in (None, "adamw"):
-        from vitlab.perf import adamw
+        from vitlab.perf import fused_adamw_supported
 
-        return adamw(param_groups(model, weight_decay, layer_decay), lr=lr, betas=(0.9, 0.999))
+        device = next((p.device for g in groups for p in g["params"]), torch.device("cpu"))
+        kernel = {"fused": True} if fused_adamw_supported(device) else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), **kernel)
     if optimizer == "lamb":
         from timm.optim import Lamb
 
-        return Lamb(param_groups(model, weight_decay, layer_decay), lr=lr, betas=(0.9, 0.999), eps=1e-8,
-                    max_grad_norm=1.0)
+        return Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0)
     raise ConfigError(f"unknown optimizer {optimizer!r}; choose adamw or lamb")
 
 
