@@ -119,6 +119,7 @@ def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
     schedule, threads) as the study would train it in ``out_dir / spec.name`` (resumed where a checkpoint is there;
     a finished run is read back, not planned), and the FLOPs of those to train; nothing is trained or written."""
     from vitlab.checkpoint import CONFIG
+    from vitlab.experiments.record import finished_run
     from vitlab.flops import human
     from vitlab.train.plan import plan_run
 
@@ -126,7 +127,7 @@ def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
     for i, spec in enumerate(specs):
         run_dir = out_dir / spec.name
         head = f"[{i + 1}/{len(specs)}] {title} {spec.name}"
-        if read_summary(run_dir) is not None:
+        if finished_run(run_dir, spec.config) is not None:  # the study's one decision of "finished"
             print(f"{head}: finished, read back")
             continue
         cfg = spec.config.replace(output=str(run_dir))
