@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from vitlab.catalog import dataset_info
-from vitlab.errors import ConfigError
+from vitlab.errors import ConfigError, VitlabError
 from vitlab.flops import model_macs, token_count
 from vitlab.models.registry import PRESETS, find_preset, preset_differences, resolve_spec
 from vitlab.models.spec import TIMM_PREFIX, ModelSpec, is_timm
@@ -105,8 +105,14 @@ def measure(spec: ModelSpec, *, img_size: int, in_chans: int, compile: bool = Fa
     count = macs or not spec.is_timm
     key = (json.dumps(spec.to_dict(), sort_keys=True, default=repr), img_size, in_chans, compile, distributed, count)
     if key not in _COSTS:
-        with torch.device("meta"):
-            model = spec.build()
+        try:
+            with torch.device("meta"):
+                model = spec.build()
+        except VitlabError:
+            raise
+        except Exception:  # noqa: BLE001 - a model whose construction reads values cannot be built on meta
+            with torch.random.fork_rng(devices=[]):  # built on the CPU, leaving the run's random numbers as they are
+                model = spec.build()
         _COSTS[key] = ModelCost(params=sum(p.numel() for p in model.parameters()),
                                 macs=model_macs(model, img_size, in_chans) if count else None,
                                 tokens=token_count(model),
