@@ -41,6 +41,8 @@ CASES: dict[str, list[str]] = {
 }
 RESUMED = {"digits": ["--epochs", "3", "--no-progress"]}
 PATHS = ("output", "data_dir")  # where things are, not what was computed
+# options added after the recording, at the default that leaves every run as it was (stratify: False draws as before)
+LATER = {"stratify": False}
 
 
 def fingerprint() -> dict[str, str]:
@@ -61,7 +63,7 @@ def digest(out: Path) -> dict[str, Any]:
     figures = {k: summary[k] for k in sorted(summary) if k.startswith(("final_", "best_")) or k in (
         "epochs", "steps", "params", "macs", "skipped_steps", "slices", "threads", "model", "dataset")}
     config = json.loads((out / "config.json").read_text())
-    run = {k: v for k, v in config["run"].items() if k not in PATHS}
+    run = {k: v for k, v in config["run"].items() if k not in PATHS and (k, v) not in LATER.items()}
     weights = load_file(str(out / "model.safetensors"))
     sha = hashlib.sha256()
     for key in sorted(weights):
