@@ -1,7 +1,7 @@
 """Shared fixtures: every test starts from the same seed on one thread (the CI machine has 2 cores).
 
 Plain helpers shared by several files (the tiny training run, ``one_line``, ``read_rows``, ``perturb``) are in
-``_helpers.py``; ``_scripts.py`` loads the scripts of ``benchmarks/``.
+``_helpers.py``; ``_scripts.py`` loads the scripts of ``scripts/`` and ``benchmarks/``.
 """
 
 from __future__ import annotations

@@ -346,11 +346,11 @@ def test_a_training_trial_beats_its_heartbeat_in_a_shared_storage(tmp_path: Path
 
 # in CI: 26 s on a quiet 2-core AMD EPYC (four interpreters start), within the suite's budget
 def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) -> None:
-    """``benchmarks/gpu_study.sh --smoke``: the CUDA-path checks, train / eval / analyze and the depth study, on the
+    """``scripts/gpu_study.sh --smoke``: the CUDA-path checks, train / eval / analyze and the depth study, on the
     CPU with tiny runs; the study's tables land in OUT."""
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "depth"), "LR_OUT": str(tmp_path / "lr"),
            "FASHION_OUT": str(tmp_path / "fashion")}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_study.sh"), "--smoke"], capture_output=True,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_study.sh"), "--smoke"], capture_output=True,
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "fused attention (SDPA) against the explicit maps" in proc.stdout and "bf16 autocast" in proc.stdout
@@ -364,10 +364,10 @@ def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) 
 
 
 def test_the_gpu_study_script_with_studies_set_empty_runs_the_checks_alone(tmp_path: Path) -> None:
-    """``STUDIES= benchmarks/gpu_study.sh``: the checks and one run, no study (an empty value is not "unset")."""
+    """``STUDIES= scripts/gpu_study.sh``: the checks and one run, no study (an empty value is not "unset")."""
     env = {**os.environ, "PYTHON": sys.executable, "STUDIES": "", "OUT": str(tmp_path / "depth"),
            "LR_OUT": str(tmp_path / "lr"), "FASHION_OUT": str(tmp_path / "fashion")}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_study.sh"), "--smoke"], capture_output=True,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_study.sh"), "--smoke"], capture_output=True,
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "bf16 autocast" in proc.stdout and "== 2. train, eval and analyze" in proc.stdout

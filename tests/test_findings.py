@@ -16,7 +16,7 @@ from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "findings.md"
-SCRIPT = ROOT / "benchmarks" / "findings_tables.py"
+SCRIPT = ROOT / "scripts" / "findings_tables.py"
 LINK = re.compile(r"\]\(([^)#\s]+)\)")
 
 

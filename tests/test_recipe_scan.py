@@ -1,4 +1,4 @@
-"""benchmarks/recipe_scan.py: the tables come from the run folders (medians over finished runs; a run stopped early
+"""scripts/recipe_scan.py: the tables come from the run folders (medians over finished runs; a run stopped early
 is listed but left out), and the scan's summary in docs/results is what its runs give."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/recipe_table.py: the table of recipe choices in docs/training.md, "Why the default is the default"."""
+"""scripts/recipe_table.py: the table of recipe choices in docs/training.md, "Why the default is the default"."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def test_a_summary_alone_is_trained_over(tmp_path: Path, capsys) -> None:
 
 def test_a_kept_record_without_weights_is_read_back_and_one_without_a_result_refused(finished: Path,
                                                                                      tmp_path: Path) -> None:
-    """A run's record kept without its weights (benchmarks/findings_tables.py --keep-runs: summary, config,
+    """A run's record kept without its weights (scripts/findings_tables.py --keep-runs: summary, config,
     metrics; no manifest) is read back when its settings equal the cell's; with no result in its summary and nothing
     to resume from it is refused, not trained over."""
     from vitlab import checkpoint

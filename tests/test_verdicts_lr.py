@@ -1,4 +1,4 @@
-"""benchmarks/verdicts.py on learning-rate sensitivity records: the best rate is chosen on validation loss (never
+"""scripts/verdicts.py on learning-rate sensitivity records: the best rate is chosen on validation loss (never
 the test set), the per-seed LR sensitivity, the paired per-image test where arms share seeds and test images, and
 no interval from one run per arm."""
 
