@@ -18,9 +18,9 @@ Each figure follows ``<!-- figure: findings_NAME.png from STUDY/FILE.png | ALT T
 marker says "Not yet run". A column whose values are all numbers is right-aligned; a cell with an empty or NaN
 value reads ``n/a``.
 
-    python benchmarks/findings_tables.py docs/findings.md                    # check: exit 1 and the differences
-    python benchmarks/findings_tables.py docs/findings.md --write            # rewrite every table and figure line
-    python benchmarks/findings_tables.py docs/findings.md --from-runs runs/findings --write
+    python scripts/findings_tables.py docs/findings.md                    # check: exit 1 and the differences
+    python scripts/findings_tables.py docs/findings.md --write            # rewrite every table and figure line
+    python scripts/findings_tables.py docs/findings.md --from-runs runs/findings --write
                                                       # first copy runs/findings/STUDY/FILE into docs/
 
 ``--from-runs`` copies ``runs/findings/STUDY/FILE.csv`` to ``docs/results/STUDY/FILE.csv`` for each table

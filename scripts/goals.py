@@ -5,10 +5,10 @@ Each goal is a threshold claim about a new run of the default recipe ("the final
 (:func:`vitlab.analysis.stats.compare` with a threshold), signed so that positive is the goal's side. The rule is the
 verdicts' rule for one claim: **shown** when the 95 % interval lies wholly on the goal's side, **missed** when it lies
 wholly on the other side, **not shown** otherwise (an interval that crosses the goal). README's summary of the
-recipe is generated from this CSV (benchmarks/findings_tables.py README.md), so it cannot go stale.
+recipe is generated from this CSV (scripts/findings_tables.py README.md), so it cannot go stale.
 
-    python benchmarks/goals.py              # write docs/results/goals.csv
-    python benchmarks/goals.py --check      # exit 1 when the CSV differs from the results
+    python scripts/goals.py              # write docs/results/goals.csv
+    python scripts/goals.py --check      # exit 1 when the CSV differs from the results
 """
 
 from __future__ import annotations

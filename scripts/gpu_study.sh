@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA GPU: check the CUDA paths of train / eval / analyze (fused attention, bf16 autocast,
 # torch.compile), then run the depth study of docs/findings.md with many runs per GPU, into runs/findings/depth
-# (where `python benchmarks/findings_tables.py --from-runs` reads it for docs/findings.md).
+# (where `python scripts/findings_tables.py --from-runs` reads it for docs/findings.md).
 #
-#   benchmarks/gpu_study.sh                 # on the GPU: checks, then the whole study (hours)
-#   benchmarks/gpu_study.sh --smoke         # anywhere, on the CPU, in seconds: every step end to end, tiny
+#   scripts/gpu_study.sh                 # on the GPU: checks, then the whole study (hours)
+#   scripts/gpu_study.sh --smoke         # anywhere, on the CPU, in seconds: every step end to end, tiny
 #
 # Then, in this order (STUDIES picks, default "lr fashion depth"; STUDIES= set empty runs the checks alone): the
 # learning-rate sensitivity study of docs/findings.md section 7 (runs/lr_sensitivity), the Fashion-MNIST depth
@@ -135,4 +135,4 @@ start=$(date +%s)
     $([ "$SMOKE" = 1 ] && echo "${TINY[@]} --num-images 8" || echo "--budget default --no-progress") \
     --output "$OUT"
 echo "depth study: $(( $(date +%s) - start )) s wall; tables in $OUT (summary.csv, results.csv, index.html)"
-[ "$SMOKE" = 1 ] || echo "next: python benchmarks/findings_tables.py --from-runs  (copies them into docs/results/)"
+[ "$SMOKE" = 1 ] || echo "next: python scripts/findings_tables.py --from-runs  (copies them into docs/results/)"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The validation-split scans that chose the default models of `vitlab train` on digits and clothing (docs/training.md).
 
-    .venv/bin/python benchmarks/recipe_scan.py --device cuda --workers 14 --out runs/recipe_scan   # train, then tables
-    .venv/bin/python benchmarks/recipe_scan.py --summarize runs/recipe_scan    # the tables of runs already made
+    .venv/bin/python scripts/recipe_scan.py --device cuda --workers 14 --out runs/recipe_scan   # train, then tables
+    .venv/bin/python scripts/recipe_scan.py --summarize runs/recipe_scan    # the tables of runs already made
 
 Every arm trains with ``--val-split 0.1`` and is judged on those held-out training images only: the final and the
 best validation accuracy and the first epoch at the threshold (97.5 % on mnist-5k, 92.5 % on Fashion-MNIST). The

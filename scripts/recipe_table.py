@@ -33,8 +33,8 @@ jobs, whose load moved the times up to 2x. Within a study they are comparable on
 the load: the default's three runs were trained once (by the depth sweep) and copied into every study that has
 the default as an arm, and ``note`` names the studies docs/findings.md says are not comparable in time.
 
-    python benchmarks/recipe_table.py            # write docs/results/recipe_choices.csv
-    python benchmarks/recipe_table.py --check    # exit 1 when the CSV differs from the records
+    python scripts/recipe_table.py            # write docs/results/recipe_choices.csv
+    python scripts/recipe_table.py --check    # exit 1 when the CSV differs from the records
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def default_settings() -> tuple[dict[str, Any], dict[str, Any]]:
     """``(run, model)``: today's default run config (recipe fields only) and model config on mnist-5k, as the
     library resolves ``vitlab train --model vit_mnist --dataset mnist-5k``: the studies' plain ViT under the
     default recipe (the command's default model on digits, vit_mnist_conv_patch14, is chosen by
-    benchmarks/recipe_scan.py, not by these records)."""
+    scripts/recipe_scan.py, not by these records)."""
     from vitlab.train.config import RunConfig
     from vitlab.train.plan import plan_run
 

@@ -23,7 +23,7 @@ def csv_main(argv: list[str] | None, *, description: str, table: Callable[[Path]
     if args.check:
         same = args.out.is_file() and args.out.read_text() == text
         if not same:
-            print(f"{args.out} differs from the run records; run benchmarks/{script}", file=sys.stderr)
+            print(f"{args.out} differs from the run records; run scripts/{script}", file=sys.stderr)
         return 0 if same else 1
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(text)

@@ -22,8 +22,8 @@ get their effect and *undecided*, no interval. ``runs_to_decide`` is the runs pe
 spread measured, would reach the observed effect (for equivalence: half the margin), at alpha 0.05 for that claim
 alone; ``> 50`` when even 50 would not.
 
-    python benchmarks/verdicts.py                 # write docs/results/verdicts.csv
-    python benchmarks/verdicts.py --check         # exit 1 when the CSV differs from the records
+    python scripts/verdicts.py                 # write docs/results/verdicts.csv
+    python scripts/verdicts.py --check         # exit 1 when the CSV differs from the records
 """
 
 from __future__ import annotations
