@@ -12,7 +12,7 @@ A study reads a run back, instead of training it, only when the run's record ver
 Two records carry no manifest, and their settings are compared without a checksum: a run that diverged before its
 first checkpoint has no ``config.json``, and its ``summary.json`` (written by
 :func:`vitlab.experiments.runs.record_divergence`) records the run config it was trained with; a run record kept
-without weights or training state (``benchmarks/findings_tables.py --keep-runs``: summary, config, metrics) has its
+without weights or training state (``scripts/findings_tables.py --keep-runs``: summary, config, metrics) has its
 ``config.json``, validated. A record holding weights or a training state must have its manifest.
 
 Anything else is not read back. :func:`finished_run` says which of three it is:
@@ -104,7 +104,7 @@ def _checkpoint(run_dir: Path) -> list[str]:
 def verified_config(run_dir: Path) -> dict[str, Any]:
     """The ``config.json`` of ``run_dir``, validated, once it and ``model.safetensors`` verify against
     ``manifest.json``; a :class:`~vitlab.errors.CheckpointError` naming what does not. A kept run record (summary,
-    config and metrics without weights or training state: ``benchmarks/findings_tables.py --restore-runs``) carries
+    config and metrics without weights or training state: ``scripts/findings_tables.py --restore-runs``) carries
     no manifest; its ``config.json`` is validated, not checksummed."""
     from vitlab.checkpoint import read_config
     from vitlab.checkpoint.manifest import read_manifest, verify
