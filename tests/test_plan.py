@@ -242,3 +242,47 @@ def test_a_study_dry_run_prints_each_runs_plan_and_writes_nothing(tmp_path) -> N
     text = quiet_main(["depth-study", "--depths", "1", "--variants", "vit,tfixup", "--epochs", "1", "--limit-train",
                        "128", "--threads", "1", "--output", str(study), "--dry-run"])
     assert text.count("] depth study ") == 2 and "depth study: 2 of 2 runs to train" in text and not study.exists()
+
+
+@pytest.mark.parametrize("preset", ["vit_mnist", "cait_xxs24", "deepvit_16b", "vit5_small"])
+def test_the_plan_measures_a_model_without_running_its_initialisers(preset, monkeypatch) -> None:
+    """The plan's meta-device build skips torch.nn.init (it computes nothing on meta, but costs half the build):
+    the cost is that of a full meta build, no initialiser runs, and torch.nn.init is whole again afterwards."""
+    import torch
+
+    from vitlab.models.registry import resolve_spec
+    from vitlab.train import plan_model
+
+    spec = resolve_spec(preset)
+    with torch.device("meta"):
+        full = spec.build()
+    before = dict(vars(torch.nn.init))
+    calls: list[str] = []
+    for name in ("trunc_normal_", "normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "constant_"):
+        real = getattr(torch.nn.init, name)
+        monkeypatch.setattr(torch.nn.init, name,
+                            lambda t, *a, _n=name, _f=real, **k: calls.append(_n) or _f(t, *a, **k))
+    patched = dict(vars(torch.nn.init))
+    monkeypatch.setattr(plan_model, "_COSTS", {})
+    cost = plan_model.measure(spec, img_size=spec.config.img_size, in_chans=spec.config.in_chans)
+    assert calls == []
+    assert dict(vars(torch.nn.init)) == patched
+    assert cost.params == sum(p.numel() for p in full.parameters())
+    assert cost.macs == full.flop_count()
+    monkeypatch.undo()
+    assert dict(vars(torch.nn.init)) == before
+
+
+def test_the_initialisers_come_back_when_a_meta_build_fails(monkeypatch) -> None:
+    import torch
+
+    from vitlab.models.registry import resolve_spec
+    from vitlab.train import plan_model
+
+    spec = resolve_spec("vit_mnist")
+    before = dict(vars(torch.nn.init))
+    monkeypatch.setattr(plan_model, "_COSTS", {})
+    monkeypatch.setattr(type(spec), "build", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        plan_model.measure(spec, img_size=28, in_chans=1)
+    assert dict(vars(torch.nn.init)) == before

@@ -8,7 +8,9 @@ Used by the run plan (:mod:`vitlab.train.plan`) only; the trainer builds the spe
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +108,7 @@ def measure(spec: ModelSpec, *, img_size: int, in_chans: int, compile: bool = Fa
     key = (json.dumps(spec.to_dict(), sort_keys=True, default=repr), img_size, in_chans, compile, distributed, count)
     if key not in _COSTS:
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), _no_init():
                 model = spec.build()
         except VitlabError:
             raise
@@ -121,6 +123,26 @@ def measure(spec: ModelSpec, *, img_size: int, in_chans: int, compile: bool = Fa
 
 
 _COSTS: dict[tuple, ModelCost] = {}  # measure's results in this process, by model and input
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """``torch.nn.init``'s in-place initialisers made no-ops while a model is built on the meta device, where they
+    compute nothing but still cost their dispatch (about half of a tiny ViT's meta build, so a run's plan adds little
+    to the time before its first step). Shapes, and so the cost measured, do not depend on them."""
+    names = [n for n in vars(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, _unchanged)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.nn.init, n, f)
+
+
+def _unchanged(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return tensor
 
 
 def _timm_input(name: str, overrides: dict[str, Any], dataset: str) -> tuple[int, int]:
