@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/vitlab train --dataset mnist-5k
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/python -m pytest
 
 # what CI runs: make test, then the tutorial notebook executed top to bottom (docs/tutorial.ipynb)
