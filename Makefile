@@ -15,13 +15,19 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/vitlab train --dataset mnist-5k
 
+# two tiers, each one pytest pass on the two cores (pytest-xdist; tests that bind ports share the group "ports"):
+# test = the fast tier (pyproject's addopts leave out the slow, gpu, notebook and full markers), every module exercised;
+# test-all = what CI runs (.ci/run): the fast tier plus the full tests (end-to-end studies, kill-and-resume, Ray,
+# DDP, tracker round trips, oracles at full width, packaging) and the tutorial notebook (docs/tutorial.ipynb)
+XDIST := -n 2 --dist loadgroup
+
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
-# what CI runs: make test, then the tutorial notebook executed top to bottom (docs/tutorial.ipynb)
-test-all: test
-	$(BIN)/python -m pytest -m notebook
+test-all: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/python -m pytest $(XDIST) -m 'not slow and not gpu'
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
