@@ -324,7 +324,7 @@ def by_width(out: Path, sources: list[tuple[Path, int]]) -> list[dict[str, str]]
 
 
 def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     widths = sorted({int(r["embed_dim"]) for r in rows})
     styles = dict(zip(widths, ("-", "--", ":", "-.")))

@@ -372,3 +372,55 @@ def test_the_gpu_study_script_with_studies_set_empty_runs_the_checks_alone(tmp_p
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "bf16 autocast" in proc.stdout and "== 2. train, eval and analyze" in proc.stdout
     assert "== 3" not in proc.stdout and not any((tmp_path / d).exists() for d in ("depth", "lr", "fashion"))
+
+
+# ---------------------------------------------------------------- the study process stopped from outside
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from Linux's /proc")
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_study_stopped_from_outside_leaves_no_worker_training(tmp_path: Path, how: signal.Signals) -> None:
+    """SIGTERM to the study process stops its workers at a checkpoint (as Ctrl-C does); SIGKILL, which the study
+    cannot see, still reaches them (Linux: each worker asks for SIGTERM when its parent dies). Either way no
+    worker trains on unseen, and the next invocation resumes the interrupted runs."""
+    long = [a if a != "1" or STUDY[i - 1] != "--epochs" else "40" for i, a in enumerate(STUDY)]
+    long[long.index("64")] = "512"
+    out = tmp_path / "study"
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", *long, "--workers", "2", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("*/metrics.jsonl"))) < 2:  # both workers are past their first epoch
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the workers did not start training"
+            time.sleep(0.2)
+        workers = _children(proc.pid)
+        assert workers
+        os.kill(proc.pid, how)
+        proc.wait(60)
+        deadline = time.monotonic() + 60
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), "a worker went on training after the study ended"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if how == signal.SIGTERM:
+        assert "interrupted" in proc.stderr.read().decode()
+    assert any((run / "state.pt").is_file() for run in out.iterdir() if run.is_dir())  # stopped at a checkpoint

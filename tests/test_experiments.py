@@ -540,8 +540,8 @@ def test_depth_study_diagnostic_columns():
 
 
 def test_depth_study_curves_average_over_seeds():
-    from vitlab.analysis.depth_plots import curves
     from vitlab.experiments.depth_study import aggregate_rows as depth_aggregate
+    from vitlab.plots.depth import curves
 
     rows = []
     for variant, depth, seed, acc in (("vit", 8, 0, 0.90), ("vit", 8, 1, 0.94), ("vit", 4, 0, 0.95),
@@ -563,7 +563,7 @@ def test_depth_study_curves_average_over_seeds():
 
 
 def test_depth_study_similar_blocks_per_layer(tmp_path: Path):
-    from vitlab.analysis.depth_plots import plot_similar_blocks, similar_block_lines
+    from vitlab.plots.depth import plot_similar_blocks, similar_block_lines
 
     rows = []
     for seed, counts in ((0, [2, 1, 0]), (1, [0, 1, 2])):
@@ -719,7 +719,7 @@ def test_depth_study_command(tmp_path: Path, monkeypatch):
 
 
 def test_depth_accuracy_figure_zooms_on_trained_points(tmp_path: Path, monkeypatch):
-    from vitlab.analysis import depth_plots
+    from vitlab.plots import depth as depth_plots
 
     def row(variant, depth, acc, undertrained=False, diverged=0):
         return {"variant": variant, "depth": depth, "test_acc_mean": acc, "test_acc_std": 0.0,

@@ -15,7 +15,7 @@ LAYERS: dict[str, int] = {
     "errors": 0, "atomic": 0, "version": 0, "slice_rng": 0, "catalog": 0,
     "layers": 1,
     "models": 2,
-    "flops": 3, "analysis": 3, "data": 3, "perf": 3, "checkpoint": 3, "provenance": 3, "outputs": 3,
+    "flops": 3, "analysis": 3, "plots": 3, "data": 3, "perf": 3, "checkpoint": 3, "provenance": 3, "outputs": 3,
     "interop": 4,
     "train": 5,
     "experiments": 6,

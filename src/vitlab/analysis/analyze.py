@@ -25,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from vitlab import outputs
-from vitlab.analysis import plots
 from vitlab.analysis.attention_maps import TokenLayout, readout_attention, readout_label, readout_register_attention
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
@@ -37,6 +36,7 @@ from vitlab.errors import ConfigError, DataError
 from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
 from vitlab.models.eval_mode import analysis_mode
+from vitlab.plots import analysis as plots
 
 OUTPUTS = ("collapse_similarity.png", "collapse_similarity.csv", "collapse_layers.csv", "collapse_similar_blocks.png",
            "residual_ratios.png", "residual_ratios.csv", "attention_heads.png", "attention_rollout.png",
@@ -290,7 +290,7 @@ def _run(model: nn.Module, x: Tensor, images: Tensor, stage: Path, *, device: to
     probe = probe_model(model, x, batch_size=batch_size)
     write_csv(stage / add("probes_layers.csv"), probe.rows())
     write_csv(stage / add("probes_heads.csv"), probe.head_rows())
-    from vitlab.analysis.probe_plots import artifact_figure, probes_figure
+    from vitlab.plots.probes import artifact_figure, probes_figure
 
     probes_figure(probe, stage / add("probes.png"), title=f"probes per block, mean over {len(x)} images")
     artifact_figure(display, probe, stage / add("artifact_tokens.png"), layout.grid_size, row_titles=shown)

@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.data import load_dataset
     from vitlab.errors import ConfigError, DataError
     from vitlab.interop.hub import load_checkpoint
+    from vitlab.plots.confusion import save_confusion_matrix
     from vitlab.train.distributed import pick_device
     from vitlab.train.evaluate import evaluate
-    from vitlab.train.plots import save_confusion_matrix
     from vitlab.train.predict import checkpoint_normalization
 
     if args.batch_size <= 0:

@@ -206,7 +206,7 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
     import json
 
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
-    from vitlab.analysis.study_plots import plot_compare
+    from vitlab.plots.study import plot_compare
 
     rows = result_rows(pairs, out)
     agg = aggregate_rows(rows)

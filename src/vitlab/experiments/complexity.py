@@ -241,9 +241,9 @@ def run_complexity(config: ComplexityConfig, log: Any = None) -> dict[str, Any]:
     ``config.output``; returns the result, its fits by quantity, the report's text, the study folder (``out``) and
     the thread count. ``log(line)`` hears one line per size."""
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
-    from vitlab.analysis.study_plots import plot_complexity
     from vitlab.experiments.runs import check_output
     from vitlab.models import get_config
+    from vitlab.plots.study import plot_complexity
 
     sizes, overrides = config.img_sizes, config.overrides
     if "img_size" in overrides:

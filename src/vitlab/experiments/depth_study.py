@@ -1,6 +1,6 @@
 """The depth study: accuracy against depth for ViT, LayerScale, ReZero, SkipInit, Fixup, T-Fixup, CaiT, ViT-5 and
 DeepViT at one width, with the diagnostics of ``vitlab analyze`` for every run (attention collapse, residual ratios
-per block: :mod:`vitlab.analysis.depth_diagnostics`, figures: :mod:`vitlab.analysis.depth_plots`).
+per block: :mod:`vitlab.analysis.depth_diagnostics`, figures: :mod:`vitlab.plots.depth`).
 
 This makes the CaiT claim (LayerScale and class-attention let deeper models train) and the DeepViT claim
 (attention maps of deep ViTs become alike across layers, re-attention keeps them apart) testable on data
@@ -244,14 +244,14 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                 probe_epochs: list[dict] | None = None) -> dict[str, Any]:
     """results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, probes_layers.csv, probes_epochs.csv,
     the figures, summary.json, index.html."""
-    from vitlab.analysis.depth_plots import (
+    from vitlab.analysis.report import Section, write_csv, write_json, write_report
+    from vitlab.plots.depth import (
         plot_accuracy,
         plot_against_depth,
         plot_ratios,
         plot_similar_blocks,
         plot_similarity,
     )
-    from vitlab.analysis.report import Section, write_csv, write_json, write_report
 
     agg = aggregate_rows(rows)
     warning = undertrained_warning(rows, meta["dataset"], (meta.get("run_config") or {}).get("limit_train"))
@@ -276,7 +276,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similar_blocks.png"]
     probe_sections = []
     if probe_layers:
-        from vitlab.analysis.depth_plots import plot_probe_epochs, plot_probes
+        from vitlab.plots.depth import plot_probe_epochs, plot_probes
 
         write_csv(out / "probes_layers.csv", probe_layers)
         files = ["probes_layers.csv"]

@@ -245,7 +245,10 @@ class InProcess:
 
 
 def _worker_main(conn: Any) -> None:
-    """A local worker process: train each task it receives and send back the outcome, until it gets None."""
+    """A local worker process: train each task it receives and send back the outcome, until it gets None. On Linux
+    it asks the kernel for SIGTERM when the study process ends (killed with no chance to stop its workers), so it
+    stops at a checkpoint the next invocation resumes instead of training on unseen."""
+    _term_with_parent()
     while True:
         try:
             task = conn.recv()
@@ -254,6 +257,43 @@ def _worker_main(conn: Any) -> None:
         if task is None:
             return
         conn.send(train_task(task))
+
+
+def _term_with_parent() -> None:
+    """``prctl(PR_SET_PDEATHSIG, SIGTERM)`` where the C library has it (Linux); elsewhere nothing."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the study ended before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _sigterm_stops_the_study() -> Any:
+    """SIGTERM to the study process ends it as Ctrl-C does (KeyboardInterrupt, then :meth:`LocalWorkers.close`
+    stops each busy worker at a checkpoint), instead of killing it and leaving its workers training unseen. Only in
+    the main thread, where Python can handle signals; a trainer running in this process installs its own."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class LocalWorkers:
@@ -442,6 +482,13 @@ def run_tasks(tasks: Sequence[RunTask], executor: Any, *, retries: int = 1,
     tried again up to ``retries`` times, then its summary is ``{"failed": why, "attempts": n}``. A run folder
     another process holds is looked at again every few seconds until that process ends it."""
     queue: deque[tuple[float, RunTask]] = deque((0.0, t) for t in tasks)
+    with _sigterm_stops_the_study():
+        return _run_queue(queue, executor, retries, on_start, on_end)
+
+
+def _run_queue(queue: deque, executor: Any, retries: int, on_start: Callable[[RunTask], None] | None,
+               on_end: Callable[[RunTask, dict, bool], None] | None) -> dict[str, dict]:
+    """:func:`run_tasks`' loop: submit while slots are free, collect outcomes, retry, report."""
     attempts: dict[str, int] = {}
     waiting_said: set[str] = set()
     results: dict[str, dict] = {}

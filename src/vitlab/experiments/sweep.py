@@ -210,7 +210,7 @@ def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[Sweep
                 command: str, meta: dict[str, Any]) -> dict[str, Any]:
     """results.csv, summary.csv, one ``sweep_<param>.png`` per parameter, summary.json and index.html."""
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
-    from vitlab.analysis.study_plots import plot_param
+    from vitlab.plots.study import plot_param
 
     rows = result_rows(pairs, params)
     agg = aggregate_rows(rows, params)
