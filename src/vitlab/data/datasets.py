@@ -316,6 +316,13 @@ def stratified_indices(labels: Tensor, n: int, seed: int) -> Tensor:
     return torch.cat(picked).sort().values
 
 
+def shown(name: str) -> str:
+    """``name`` (a class name: an image folder's name) as text any terminal or font can show: a folder name that is
+    not UTF-8 (Python keeps its bytes as lone surrogates) has each undecodable byte replaced by U+FFFD, instead of
+    failing to print or draw."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def imagefolder_files(data_dir: Path) -> tuple[list[str], list[tuple[Path, int]], list[tuple[Path, int]]]:
     """``(classes, train, val)`` of an image folder: the class names (the sub-folders of ``train/``) and each split's
     ``(file, label)`` pairs, listed without reading an image."""

@@ -1,23 +1,17 @@
 """The report of an Optuna search: trials.csv, the optimisation history, the per-epoch curves that pruning
-read, the parameter importances (Optuna's fANOVA evaluator), summary.json and index.html."""
+read, the parameter importances (Optuna's fANOVA evaluator; the figures are drawn by :mod:`vitlab.plots.search`),
+summary.json and index.html."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from vitlab.experiments.values import format_value
 
 # the per-epoch metric on the validation split -> its direction (the test set is read once per trial, never compared)
 OBJECTIVES = {"val_acc": "maximize", "val_loss": "minimize"}
-
-LABELS = {"val_acc": "validation accuracy (%)", "val_loss": "validation loss"}
-
-
-def _scale(metric: str, v: float) -> float:
-    return 100 * v if metric == "val_acc" else v
 
 
 def trial_rows(study: Any, params: list[Any]) -> list[dict[str, Any]]:
@@ -40,63 +34,6 @@ def trial_rows(study: Any, params: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_history(study: Any, metric: str, path: Path, title: str) -> Path:
-    """Each finished trial's value against its number (pruned trials at their last reported epoch) and the
-    best value so far."""
-    from optuna.trial import TrialState
-
-    from vitlab.analysis.plots import new_figure, save
-
-    fig = new_figure(7.0, 4.0)
-    ax = fig.subplots()
-    maximize = OBJECTIVES[metric] == "maximize"
-    best, xs_best, ys_best = None, [], []
-    for state, style in ((TrialState.COMPLETE, dict(color="#1f77b4", marker="o", label="complete")),
-                         (TrialState.PRUNED, dict(color="#999999", marker="x", label="pruned (last epoch reported)"))):
-        pts = [(t.number, _scale(metric, t.value)) for t in study.get_trials(deepcopy=False, states=(state,))
-               if t.value is not None]
-        if pts:
-            ax.scatter(*zip(*pts), **style, zorder=3)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        v = _scale(metric, t.value)
-        best = v if best is None or (v > best if maximize else v < best) else best
-        xs_best.append(t.number)
-        ys_best.append(best)
-    if xs_best:
-        ax.step(xs_best, ys_best, where="post", color="#d62728", label="best complete so far")
-    ax.set_xlabel("trial")
-    ax.set_ylabel(LABELS[metric])
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title)
-    return save(fig, path)
-
-
-def plot_curves(study: Any, metric: str, path: Path, title: str) -> Path:
-    """The per-epoch metric each trial reported (what the pruner compared); pruned trials dashed."""
-    from optuna.trial import TrialState
-
-    from vitlab.analysis.plots import new_figure, save
-
-    fig = new_figure(7.0, 4.0)
-    ax = fig.subplots()
-    for t in study.get_trials(deepcopy=False):
-        steps = sorted(t.intermediate_values)
-        if not steps:
-            continue
-        pruned = t.state == TrialState.PRUNED
-        ax.plot(steps, [_scale(metric, t.intermediate_values[s]) for s in steps], marker=".",
-                linestyle="--" if pruned else "-", alpha=0.6 if pruned else 0.9,
-                label=f"trial {t.number}" + (" (pruned)" if pruned else ""))
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(LABELS[metric])
-    ax.grid(True, alpha=0.3)
-    if len(study.trials) <= 12:
-        ax.legend(fontsize=7)
-    ax.set_title(title)
-    return save(fig, path)
-
-
 def importances(study: Any) -> tuple[dict[str, float] | None, str]:
     """Optuna's parameter importances over the complete trials, or None and the reason they cannot be had."""
     import optuna
@@ -117,32 +54,20 @@ def importances(study: Any) -> tuple[dict[str, float] | None, str]:
         return None, f"Optuna could not compute them ({exc})."
 
 
-def plot_importance(imp: dict[str, float], path: Path, title: str) -> Path:
-    from vitlab.analysis.plots import new_figure, save
-
-    names = list(imp)[::-1]
-    fig = new_figure(6.0, 1.2 + 0.45 * len(names))
-    ax = fig.subplots()
-    ax.barh(names, [imp[n] for n in names], color="#1f77b4")
-    ax.set_xlabel("importance (share of the variance of the objective, fANOVA)")
-    ax.set_xlim(0, 1)
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.set_title(title)
-    return save(fig, path)
-
-
 def write_search(study: Any, config: Any, *, storage: str) -> dict[str, Any]:
     """Write the report of ``config`` (a :class:`~vitlab.experiments.search.SearchConfig`) into its ``output``;
     returns its rows, best trial, text and figure names."""
     from optuna.trial import TrialState
 
     from vitlab.analysis.report import Section, write_csv, write_json, write_report
+    from vitlab.plots.search import plot_curves, plot_history, plot_importance
 
     out, metric = config.output, config.objective
     rows = trial_rows(study, config.params)
     write_csv(out / "trials.csv", rows)
     title = f"Optuna search of {config.model} on {config.dataset}"
-    figures = [plot_history(study, metric, out / "history.png", "optimisation history").name,
+    figures = [plot_history(study, metric, out / "history.png", "optimisation history",
+                            maximize=OBJECTIVES[metric] == "maximize").name,
                plot_curves(study, metric, out / "curves.png", f"per-epoch {metric} of each trial").name]
     imp, why = importances(study)
     if imp is not None:

@@ -1,7 +1,10 @@
-"""Figures of the analysis tools, drawn with matplotlib's Agg canvas (no display, no pyplot state).
+"""The figures of ``vitlab analyze`` (:func:`vitlab.analysis.analyze_model`): cross-layer similarity heatmaps,
+similar blocks per layer, residual ratios, attention maps and rollout over the images, position-embedding
+similarity and the register tokens' share of attention.
 
-Every function takes plain numbers (tensors or arrays), draws one figure in the shared style and writes a
-PNG atomically; the numbers behind each figure are written to CSV by the caller.
+Every function takes plain numbers (tensors or arrays), draws one figure in the shared style of
+:mod:`vitlab.plots.figure` and writes a PNG atomically; the numbers behind each figure are written to CSV by the
+caller.
 """
 
 from __future__ import annotations
@@ -14,31 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from torch import Tensor
 
-from vitlab.analysis.report import atomic_path
-
-DPI = 110
-HEAT = "inferno"  # attention and relevance
-SIM = "viridis"  # similarities
-COLORS = {"attn": "#1f77b4", "mlp": "#d62728", "count": "#d62728", "sim": "#222222"}
-
-
-def new_figure(width: float, height: float) -> Figure:
-    """A figure on its own Agg canvas, in the shared style."""
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def save(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as PNG to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI)
-    return Path(path)
+from vitlab.plots.figure import COLORS, HEAT, SIM, new_figure, save
 
 
 def _np(x: Tensor | np.ndarray) -> np.ndarray:

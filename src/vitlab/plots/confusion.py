@@ -1,4 +1,4 @@
-"""The confusion-matrix figure written by ``vitlab eval`` (matplotlib, Agg backend)."""
+"""The confusion-matrix figure written by ``vitlab eval`` (matplotlib's pyplot on the Agg backend)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def save_confusion_matrix(path: str | Path, confusion: Tensor, classes: list[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from vitlab.train.predict import shown
+    from vitlab.data.datasets import shown
 
     classes = [shown(str(c)) for c in classes]  # a folder name that is not UTF-8 cannot be drawn as it is
     k = len(classes)

@@ -1,10 +1,13 @@
-"""The figures of a depth study: values against depth per variant (mean +- std over seeds), residual ratios per
-block, similar blocks per layer and the cross-layer similarity heatmaps."""
+"""The figures of a depth study (:mod:`vitlab.experiments.depth_study`): values against depth per variant (mean +-
+std over seeds), residual ratios per block, similar blocks per layer, the cross-layer similarity heatmaps and the
+probes against depth and per epoch."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from vitlab.plots.axes import depth_axis
 
 
 def curves(agg: list[dict[str, Any]], value: str, variants: list[str]) -> dict[str, tuple[list, list, list]]:
@@ -22,7 +25,7 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
     """One panel per ``(value, ylabel, scale)``: a line per variant with mean +- std over seeds against depth
     (panel ``i`` draws the rows ``subsets[i]`` when given, else all of ``agg``); a variant keeps its colour
     across panels."""
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     cols = min(3, len(panels))  # more than three panels wrap onto further rows
     nrows = -(-len(panels) // cols)
@@ -37,10 +40,7 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
         for variant, (x, m, s) in curves(rows, value, variants).items():
             ax.errorbar(x, [scale * v for v in m], yerr=[scale * v for v in s], marker="o", capsize=3, label=variant,
                         color=colours[variant])
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(depths, [str(d) for d in depths])
-        ax.minorticks_off()
-        ax.set_xlabel("depth (self-attention blocks)")
+        depth_axis(ax, depths, "depth (self-attention blocks)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -65,7 +65,7 @@ def plot_ratios(ratio_rows: list[dict[str, Any]], variants: list[str], depths: l
     import matplotlib as mpl
     from matplotlib.ticker import MaxNLocator
 
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     fig = new_figure(4.6 * len(depths), 3.8)
     axes = fig.subplots(1, len(depths), squeeze=False)[0]
@@ -120,7 +120,7 @@ def plot_similar_blocks(layer_rows: list[dict[str, Any]], variants: list[str], d
     import matplotlib as mpl
     from matplotlib.ticker import MaxNLocator
 
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     fig = new_figure(4.6 * len(depths), 3.8)
     axes = fig.subplots(1, len(depths), squeeze=False)[0]
@@ -150,7 +150,7 @@ def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Pa
 
     import numpy as np
 
-    from vitlab.analysis.plots import SIM, new_figure, save
+    from vitlab.plots.figure import SIM, new_figure, save
 
     panels = []
     for variant, diag in diags.items():
@@ -198,7 +198,7 @@ def plot_probes(agg: list[dict[str, Any]], layer_rows: list[dict[str, Any]], var
     """One page: top row, per variant against depth (mean +- std over seeds), the last block's token similarity and
     uncentred effective rank (rank collapse), the max logit over blocks and the artifact tokens summed over blocks;
     bottom row, the same probes per block at ``depth``."""
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     fig = new_figure(18.0, 7.4)
     axes = fig.subplots(2, 4, squeeze=False)
@@ -209,10 +209,7 @@ def plot_probes(agg: list[dict[str, Any]], layer_rows: list[dict[str, Any]], var
         if any(f"{value}_mean" in a for a in agg):
             for variant, (x, m, s) in curves(agg, value, variants).items():
                 top.errorbar(x, m, yerr=s, marker="o", capsize=3, label=variant, color=colours[variant])
-        top.set_xscale("log", base=2)
-        top.set_xticks(depths, [str(d) for d in depths])
-        top.minorticks_off()
-        top.set_xlabel("depth (blocks)")
+        depth_axis(top, depths)
         what = {"probe_similarity_last": "last block", "probe_erank_uncentred_last": "last block",
                 "probe_max_logit": "max over blocks", "probe_artifacts": "sum over blocks"}[value]
         top.set_title(f"{label} ({what})", fontsize=9)
@@ -233,7 +230,7 @@ def plot_probe_epochs(epoch_rows: list[dict[str, Any]], variants: list[str], dep
     """Per epoch at ``depth``, per variant (mean over seeds): the last block's token similarity and uncentred
     effective rank, the max logit over blocks and the artifact tokens summed over blocks, on the run's fixed probe
     images."""
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     fig = new_figure(18.0, 3.8)
     axes = fig.subplots(1, 4, squeeze=False)[0]

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from vitlab.plots.axes import depth_axis
+
 
 def _grid(n: int) -> tuple[int, int]:
     cols = min(4, max(n, 1))
@@ -18,7 +20,7 @@ def _per_variant(rows: list[dict[str, Any]], value: str, variants: list[str], pa
                  title: str, hline: float | None = None, log_y: bool = False) -> Path:
     """A panel per variant, a line per depth: ``value`` (mean over seeds) against the learning rate; a diverged
     group is drawn as an x at the top of its panel."""
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     nrows, cols = _grid(len(variants))
     fig = new_figure(4.2 * cols, 3.4 * nrows)
@@ -67,7 +69,7 @@ def plot_logits(per_lr: list[dict[str, Any]], variants: list[str], path: str | P
 
 def plot_sensitivity(sens: list[dict[str, Any]], variants: list[str], path: str | Path) -> Path:
     """LR sensitivity, best validation loss and divergence rate against depth, a line per variant."""
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     panels = [("lr_sensitivity", "LR sensitivity (nats; read with the best loss)"),
               ("best_val_loss", "best final validation loss"), ("divergence_rate", "share of runs that diverged")]
@@ -79,10 +81,7 @@ def plot_sensitivity(sens: list[dict[str, Any]], variants: list[str], path: str 
             pts = sorted((r["depth"], r[value]) for r in sens if r["variant"] == v)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i % 10}", label=v)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(depths, [str(d) for d in depths])
-        ax.minorticks_off()
-        ax.set_xlabel("depth (blocks)")
+        depth_axis(ax, depths)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -93,7 +92,7 @@ def plot_sensitivity(sens: list[dict[str, Any]], variants: list[str], path: str 
 def plot_logit_growth(logits: list[dict[str, Any]], variants: list[str], depth: int, path: str | Path) -> Path:
     """At ``depth``: the largest attention logit of any layer after each epoch, a panel per variant, a line per
     learning rate (mean over seeds): how the logits grow over training at each rate (Wortsman et al. 2023)."""
-    from vitlab.analysis.plots import new_figure, save
+    from vitlab.plots.figure import new_figure, save
 
     per_run: dict[tuple, float] = {}
     for r in logits:

@@ -11,8 +11,8 @@ import numpy as np
 import torch.nn.functional as F
 from matplotlib import colormaps
 
-from vitlab.analysis.plots import new_figure, save
 from vitlab.analysis.probes import Probes
+from vitlab.plots.figure import new_figure, save
 
 PANELS = (("token_similarity", "token similarity (mean pairwise cosine)"),
           ("effective_rank_uncentred", "effective rank: uncentred (solid), centred (dashed)"),

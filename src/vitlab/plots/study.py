@@ -1,13 +1,13 @@
-"""The figures of the sweep, comparison and complexity studies (the depth study's are
-:mod:`vitlab.analysis.depth_plots`): each takes the numbers its study computed and draws them with
-:func:`vitlab.analysis.plots.new_figure` / :func:`~vitlab.analysis.plots.save`."""
+"""The figures of the sweep, comparison and complexity studies (the depth study's are :mod:`vitlab.plots.depth`):
+each takes the numbers its study computed and draws them with :func:`vitlab.plots.figure.new_figure` /
+:func:`~vitlab.plots.figure.save`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from vitlab.analysis.plots import new_figure, save
+from vitlab.plots.figure import new_figure, save
 
 
 def plot_param(series: list[Any], param: Any, labels: list[str], path: str | Path, title: str) -> Path:

@@ -11,6 +11,7 @@ from torch import nn
 
 from vitlab.checkpoint import ModelSpec
 from vitlab.data import load_image, normalization, normalize
+from vitlab.data.datasets import shown
 from vitlab.data.images import IMAGE_EXTENSIONS, find_images
 from vitlab.errors import DataError
 from vitlab.train.evaluate import top_k
@@ -28,17 +29,12 @@ def checkpoint_normalization(config: dict[str, Any], dataset: str | None,
 
 
 def class_names(config: dict[str, Any], num_classes: int) -> list[str]:
-    """The class names of a checkpoint as they are shown (:func:`shown`), else the class indices."""
+    """The class names of a checkpoint as they are shown (:func:`vitlab.data.datasets.shown`), else the class
+    indices."""
     classes = ((config.get("run") or {}).get("data") or {}).get("classes")
     if classes and len(classes) == num_classes:
         return [shown(str(c)) for c in classes]
     return [str(i) for i in range(num_classes)]
-
-
-def shown(name: str) -> str:
-    """``name`` as text any terminal or font can show: a folder name that is not UTF-8 (Python keeps its bytes as
-    lone surrogates) has each undecodable byte replaced by U+FFFD, instead of failing to print or draw."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 PREDICT_BATCH = 64  # images read and classified at a time, so a long list of files never sits in memory at once

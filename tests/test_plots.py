@@ -1,0 +1,44 @@
+"""vitlab.plots: the log-2 depth axis is drawn by one function that the depth and learning-rate studies' figures
+both use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vitlab.plots import axes, depth, lr
+from vitlab.plots.figure import new_figure
+
+
+def test_depth_axis_is_log2_ticked_at_the_depths() -> None:
+    ax = new_figure(3.0, 2.0).subplots()
+    ax.plot([2, 8, 32], [1, 2, 3])
+    axes.depth_axis(ax, [2, 8, 32], "depth")
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    assert list(ax.get_xticks()) == [2, 8, 32]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "8", "32"]
+    assert len(ax.xaxis.get_minor_locator().tick_values(2, 32)) == 0  # minor ticks off
+    assert ax.get_xlabel() == "depth"
+
+
+@pytest.mark.parametrize("module", ["depth", "lr"])
+def test_depth_and_lr_figures_draw_depth_with_depth_axis(module: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    def spy(ax, depths, *args) -> None:  # noqa: ANN001
+        seen.append(list(depths))
+        axes.depth_axis(ax, depths, *args)
+
+    mod = {"depth": depth, "lr": lr}[module]
+    monkeypatch.setattr(mod, "depth_axis", spy)
+    if module == "depth":
+        agg = [{"variant": "vit", "depth": d, "test_acc_mean": 0.5, "test_acc_std": 0.1} for d in (4, 2, 8)]
+        depth.plot_against_depth(agg, ["vit"], [("test_acc", "acc", 100.0)], tmp_path / "d.png", "t")
+    else:
+        sens = [{"variant": "vit", "depth": d, "lr_sensitivity": 0.1, "best_val_loss": 1.0, "divergence_rate": 0.0}
+                for d in (4, 2, 8)]
+        lr.plot_sensitivity(sens, ["vit"], tmp_path / "s.png")
+    assert seen and all(s == [2, 4, 8] for s in seen)
+    assert next(tmp_path.iterdir()).stat().st_size > 0
