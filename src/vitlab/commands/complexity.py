@@ -7,7 +7,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_force_option
+    from vitlab.commands.options import add_set_option, add_study_output_options
 
     p = subparsers.add_parser(
         "complexity", help="time and memory against the number of tokens, with a fitted exponent",
@@ -19,8 +19,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default="vit_mnist", help="vitlab preset (default vit_mnist)")
     p.add_argument("--img-sizes", required=True, metavar="S1,S2,...",
                    help="image sides in pixels, multiples of the patch size, e.g. 28,56,84,112")
-    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                   help="model option for every size (repeatable), e.g. --set patch_size=4")
+    add_set_option(p, "model option for every size (repeatable), e.g. --set patch_size=4")
     p.add_argument("--batch-size", type=int, default=8, help="images per timed batch (default 8)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per size, the median is kept (default 5)")
     p.add_argument("--attention", default="fused", choices=("fused", "math"),
@@ -28,8 +27,7 @@ def register(subparsers: Any) -> None:
                         "and saves the T x T maps)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--output", required=True, metavar="DIR", help="folder for the CSV, figure and index.html")
-    add_force_option(p)
+    add_study_output_options(p, "folder for the CSV, figure and index.html", dry_run=False)
     p.set_defaults(func=run, _parser=p)
 
 

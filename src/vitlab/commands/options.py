@@ -1,5 +1,7 @@
-"""What the ``vitlab`` sub-commands share on the command line: the training options of every study, the run config
-they make, and the exact command a report prints.
+"""What the ``vitlab`` sub-commands share on the command line: the options of every study (the training options,
+the data set, the depth grid, seeds, ``--set``, the study folder, ``--dry-run``), the run config they make, the end
+of every study command (plan or train, report, exit status: :func:`run_study_command`), and the exact command a
+report prints.
 
 The values themselves are parsed by one set of rules, :mod:`vitlab.train.options` (``--set``, ``--run-set``);
 argparse and the torch-free imports stay here, so that ``vitlab COMMAND --help`` answers without loading torch.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vitlab.experiments.budget import BUDGETS  # torch-free at import, as everything a parser is built from
@@ -98,6 +101,50 @@ def add_force_option(p: argparse.ArgumentParser) -> None:
                         "all the same)")
 
 
+STUDY_FOLDER = "study folder (runs, CSV, figures, index.html)"  # what --output holds for most studies
+
+
+def add_study_data_options(p: argparse.ArgumentParser) -> None:
+    """``--dataset``: the data set every run of a study trains on."""
+    p.add_argument("--dataset", default="mnist-5k", help="data set (default mnist-5k)")
+
+
+def add_depth_grid_options(p: argparse.ArgumentParser, *, default_variants: str, variants_help: str,
+                           depths_example: str, lrs: bool = False) -> None:
+    """The grid of a depth study (:mod:`vitlab.experiments.depth_study`'s variants): ``--base``, ``--depths``, with
+    ``lrs`` also ``--lrs`` (the learning-rate study's rates), and ``--variants`` (default ``default_variants``)."""
+    p.add_argument("--base", default="vit_mnist", help="preset giving width, heads, image and patch size "
+                                                       "(default vit_mnist)")
+    p.add_argument("--depths", required=True, metavar="D1,D2,...", help=f"depths to train, e.g. {depths_example}")
+    if lrs:
+        p.add_argument("--lrs", required=True, metavar="LR1,LR2,...",
+                       help="peak learning rates, e.g. 3e-4,7e-4,2e-3,5e-3,1e-2 (33x around the recipe's 2e-3)")
+    p.add_argument("--variants", default=default_variants, metavar="V1,V2,...", help=variants_help)
+
+
+def add_seeds_option(p: argparse.ArgumentParser, per: str, note: str = "") -> None:
+    """``--seeds N``: runs per cell of the study's grid (``per`` names the cell), seeds 0..N-1."""
+    p.add_argument("--seeds", type=int, default=1, help=f"runs per {per}, seeds 0..N-1 (default 1{note})")
+
+
+def add_set_option(p: argparse.ArgumentParser, help: str, metavar: str = "KEY=VALUE") -> None:
+    """``--set``: a model option for every run (repeatable), read by :func:`vitlab.train.options.parse_set`."""
+    p.add_argument("--set", action="append", default=None, metavar=metavar, help=help)
+
+
+def add_probe_images_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--probe-images N``: the training images each run's per-layer probes are measured on (default 64)."""
+    p.add_argument("--probe-images", type=int, default=64, metavar="N", help=help)
+
+
+def add_study_output_options(p: argparse.ArgumentParser, help: str = STUDY_FOLDER, *, dry_run: bool = True) -> None:
+    """``--output`` (required), ``--force`` and, with ``dry_run``, ``--dry-run``: where a study writes."""
+    p.add_argument("--output", required=True, metavar="DIR", help=help)
+    add_force_option(p)
+    if dry_run:
+        add_dry_run_option(p)
+
+
 def add_executor_options(p: argparse.ArgumentParser) -> None:
     """Where a study's runs train (:mod:`vitlab.experiments.executors`)."""
     g = p.add_argument_group("where the runs train (docs/experiments.md, 'Running a study on many workers')")
@@ -149,3 +196,30 @@ def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     cfg = RunConfig(**{**{k: v for k, v in opts.items() if v is not None}, **extra, **fields})
     cfg.validate()
     return cfg
+
+
+def study_fields(args: argparse.Namespace, *, paired: tuple[str, str] | None = None,
+                 run_field: str = "run") -> dict[str, Any]:
+    """The fields every study config takes from the shared options, by name: the run config of every run (under
+    ``run_field``, the config's name for it), the study folder, the command line its report shows (``paired``: as
+    :func:`command_line`), ``--finished-only``, where the runs train, ``--force``."""
+    return {run_field: base_run_config(args, dataset=args.dataset), "output": args.output,
+            "command": command_line(args, paired), "finished_only": args.finished_only,
+            "executor": executor_config(args), "force": args.force}
+
+
+def run_study_command(args: argparse.Namespace, config: Any, *, plan: Callable[[Any], list],
+                      train: Callable[[Any], dict[str, Any]], report: Callable[[dict[str, Any]], Iterable[str]],
+                      title: str) -> int:
+    """The end every study command's ``run`` shares, once its ``config`` is made and checked: with ``--dry-run``
+    each run of ``plan(config)`` planned (:func:`vitlab.experiments.runs.print_plans`, lines titled ``title``) and
+    nothing trained or written; else ``train(config)``, the lines of ``report(result)`` printed, and the exit status
+    of its runs (``result["pairs"]``; 0: every run finished, 3: some failed, each named on stderr)."""
+    from vitlab.experiments.runs import exit_status, print_plans
+
+    if args.dry_run:
+        return print_plans(plan(config), args.output, title)
+    result = train(config)
+    for line in report(result):
+        print(line)
+    return exit_status(args.command, result["pairs"])

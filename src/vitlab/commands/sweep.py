@@ -17,7 +17,13 @@ class _AfterParam(argparse.Action):
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_dry_run_option, add_force_option, add_run_options
+    from vitlab.commands.options import (
+        add_run_options,
+        add_seeds_option,
+        add_set_option,
+        add_study_data_options,
+        add_study_output_options,
+    )
 
     p = subparsers.add_parser(
         "sweep", help="hyper-parameter sweep: accuracy and training time against option values",
@@ -27,7 +33,7 @@ def register(subparsers: Any) -> None:
                     "over seeds), sweep_<param>.png and index.html. Exit status 0 when every run finished, 3 when "
                     "some failed (each named on stderr), 2 for bad input refused before any run trained.")
     p.add_argument("--model", default="vit_mnist", help="preset or timm:NAME (default vit_mnist)")
-    p.add_argument("--dataset", default="mnist-5k", help="data set (default mnist-5k)")
+    add_study_data_options(p)
     p.add_argument("--param", action="append", default=None, metavar="NAME",
                    help="option to sweep: any model option (embed_dim, depth, ...) or recipe option (lr, ...); "
                         "repeat with --values for a grid")
@@ -36,9 +42,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--range", action=_AfterParam, default=None, metavar="LOW:HIGH[:log][:int]",
                    help="--search optuna: the range of the preceding --param, e.g. 1e-4:1e-2:log; :int draws "
                         "whole numbers (integer options always do)")
-    p.add_argument("--seeds", type=int, default=1, help="runs per value, seeds 0..N-1 (default 1)")
-    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                   help="model option fixed for every run (repeatable)")
+    add_seeds_option(p, "value")
+    add_set_option(p, "model option fixed for every run (repeatable)")
     p.add_argument("--search", choices=("grid", "optuna"), default="grid",
                    help="grid (default): every combination of --values; optuna: --trials runs whose values "
                         "Optuna's TPE sampler picks, unpromising ones pruned, resumable from DIR/optuna.db "
@@ -63,9 +68,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="--search optuna: the sampler's seed and every trial's training seed (default 0)")
     add_run_options(p)
-    p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figures, index.html)")
-    add_force_option(p)
-    add_dry_run_option(p)
+    add_study_output_options(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -83,33 +86,32 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) is not None]
     if given:
         raise ConfigError(f"{', '.join(given)} belong(s) to --search optuna; a grid takes --values only")
-    from vitlab.commands.options import base_run_config, command_line, executor_config
-    from vitlab.experiments.runs import exit_status
-    from vitlab.experiments.sweep import SweepConfig, parse_params, run_sweep
+    from vitlab.commands.options import run_study_command, study_fields
+    from vitlab.experiments.sweep import SweepConfig, parse_params, run_sweep, sweep_run_specs
     from vitlab.train.options import parse_set
 
     params = parse_params(args.model, args.param or [], args.values or [])
-    config = SweepConfig(args.model, params, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
-                         parse_set(args.set), command_line(args, paired=("param", "values")), args.logger,
-                         finished_only=args.finished_only, executor=executor_config(args), force=args.force)
-    if args.dry_run:
-        from vitlab.experiments.runs import print_plans
-        from vitlab.experiments.sweep import sweep_run_specs
+    config = SweepConfig(args.model, params, **study_fields(args, paired=("param", "values"), run_field="base"),
+                         seeds=args.seeds, fixed=parse_set(args.set), logger=args.logger)
+    return run_study_command(args, config, plan=sweep_run_specs, train=run_sweep, title="sweep",
+                             report=lambda result: report_lines(result, params))
 
-        return print_plans(sweep_run_specs(config), args.output, "sweep")
-    result = run_sweep(config)
+
+def report_lines(result: dict[str, Any], params: list[Any]) -> list[str]:
+    """What ``vitlab sweep`` prints of a finished grid: a line per combination, the warning, the files written."""
+    lines = []
     for a in result["summary"]:
         where = ", ".join(f"{p.name}={a[p.name]}" for p in params)
-        print(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "
-              f"({a['n']} seeds), training {a['train_time_s_mean']:.1f} s, {a['params'] / 1e6:.3f}M params, "
-              f"{a['macs'] / 1e6:.1f} MMACs" + ("  [under-trained]" if a["undertrained"] else "")
-              + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else "")
-              + (f"  [failed: {a['failed']} of {a['n']} seeds]" if a.get("failed") else ""))
+        lines.append(f"{where}: test accuracy {100 * a['test_acc_mean']:.2f}% +- {100 * a['test_acc_std']:.2f} "
+                     f"({a['n']} seeds), training {a['train_time_s_mean']:.1f} s, {a['params'] / 1e6:.3f}M params, "
+                     f"{a['macs'] / 1e6:.1f} MMACs" + ("  [under-trained]" if a["undertrained"] else "")
+                     + (f"  [diverged: {a['diverged']} of {a['n']} seeds]" if a.get("diverged") else "")
+                     + (f"  [failed: {a['failed']} of {a['n']} seeds]" if a.get("failed") else ""))
     if result["warning"]:
-        print(result["warning"])
-    print(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to "
-          f"{result['out']}")
-    return exit_status("sweep", result["pairs"])  # 0: every run finished; 3: some failed, each named
+        lines.append(result["warning"])
+    lines.append(f"{result['text']} Wrote results.csv, summary.csv, {', '.join(result['figures'])}, index.html to "
+                 f"{result['out']}")
+    return lines
 
 
 def run_search_command(args: argparse.Namespace) -> int:
