@@ -1,9 +1,10 @@
 """Why one deep transformer trains and another does not: attention collapse, residual ratios, attention
-maps and rollout, position-embedding similarity, and the ``index.html`` reports every study writes.
+maps and rollout, position-embedding similarity and the per-layer probes.
 
 Pure functions on tensors (``cross_layer_similarity``, ``rollout``, ``pos_embed_similarity``, ...) work on
 ``model.attention_maps(x)`` / ``model.residual_ratios(x)`` of any vitlab model; ``analyze_model`` runs them
-all and writes PNG + CSV + JSON + ``index.html``.
+all and writes PNG + CSV + JSON + ``index.html`` (figures drawn by :mod:`vitlab.plots`, files written by
+:mod:`vitlab.writers`, whose writers are re-exported here as before they moved).
 """
 
 from vitlab.analysis.analyze import AnalysisResult, analyze_model
@@ -26,7 +27,6 @@ from vitlab.analysis.collapse import (
     similar_blocks,
 )
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
-from vitlab.analysis.report import Section, atomic_path, read_csv, versions, write_csv, write_json, write_report
 from vitlab.analysis.residuals import BlockRatio, gated_blocks, residual_ratios, stack_ratios, summarize_ratios
 from vitlab.analysis.rollout import (
     HEAD_FUSIONS,
@@ -42,6 +42,7 @@ from vitlab.analysis.rollout import (
     model_rollout,
     rollout,
 )
+from vitlab.writers import Section, atomic_path, read_csv, versions, write_csv, write_json, write_report
 
 __all__ = [
     "HEAD_FUSIONS", "METHODS", "AnalysisResult", "AttentionGradients", "BlockRatio", "CollapseGroup", "Rollout",

@@ -29,7 +29,6 @@ from vitlab.analysis.attention_maps import TokenLayout, readout_attention, reado
 from vitlab.analysis.collapse import CollapseGroup, SimilarityMeter, adjacent_similarity
 from vitlab.analysis.pos_embed import patch_pos_embed, pos_embed_similarity, similarity_grid
 from vitlab.analysis.probes import MIN_ARTIFACT_TOKENS, Probes, probe_model
-from vitlab.analysis.report import Section, versions, write_csv, write_json, write_report
 from vitlab.analysis.residuals import BlockRatio, stack_ratios, summarize_ratios
 from vitlab.analysis.rollout import attention_gradients, check_options, model_rollout
 from vitlab.errors import ConfigError, DataError
@@ -37,6 +36,7 @@ from vitlab.layers.attention import AttentionBase, record_attention
 from vitlab.layers.block import record_residuals
 from vitlab.models.eval_mode import analysis_mode
 from vitlab.plots import analysis as plots
+from vitlab.writers import Section, versions, write_csv, write_json, write_report
 
 OUTPUTS = ("collapse_similarity.png", "collapse_similarity.csv", "collapse_layers.csv", "collapse_similar_blocks.png",
            "residual_ratios.png", "residual_ratios.csv", "attention_heads.png", "attention_rollout.png",

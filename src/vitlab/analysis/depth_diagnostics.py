@@ -40,13 +40,14 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
     ``collapse_pre_mix`` also compares their softmax maps before that mix (empty for models without either)."""
     import torch
 
-    from vitlab.analysis import SimilarityMeter, analyze_model, attention_entropy, residual_ratios, write_json
+    from vitlab.analysis import SimilarityMeter, analyze_model, attention_entropy, residual_ratios
     from vitlab.analysis.analyze import model_inputs
     from vitlab.analysis.collapse import is_probability_rows
     from vitlab.analysis.probes import probe_model
     from vitlab.checkpoint import load_model
     from vitlab.layers.attention import record_pre_mix
     from vitlab.models import VitlabModel
+    from vitlab.writers import write_json
 
     path = run_dir / "diagnostics.json"
     old = None

@@ -74,7 +74,7 @@ def undertrained_warning(rows: Sequence[dict], dataset: str, limit_train: int | 
 
 def warning_section(rows: Sequence[dict], keys: Sequence[str], warning: str | None) -> list[Any]:
     """The report section that leads a study with under-trained runs: the warning and the marked runs."""
-    from vitlab.analysis.report import Section
+    from vitlab.writers import Section
 
     if warning is None:
         return []

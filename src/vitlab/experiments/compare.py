@@ -205,8 +205,8 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
     """results.csv (one row per run), summary.csv (mean and std over seeds), compare.png, index.html."""
     import json
 
-    from vitlab.analysis.report import Section, write_csv, write_json, write_report
     from vitlab.plots.study import plot_compare
+    from vitlab.writers import Section, write_csv, write_json, write_report
 
     rows = result_rows(pairs, out)
     agg = aggregate_rows(rows)

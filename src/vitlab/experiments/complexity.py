@@ -240,10 +240,10 @@ def run_complexity(config: ComplexityConfig, log: Any = None) -> dict[str, Any]:
     """Measure, fit, and write complexity.csv, fits.csv, complexity.png, summary.json and index.html into
     ``config.output``; returns the result, its fits by quantity, the report's text, the study folder (``out``) and
     the thread count. ``log(line)`` hears one line per size."""
-    from vitlab.analysis.report import Section, write_csv, write_json, write_report
     from vitlab.experiments.runs import check_output
     from vitlab.models import get_config
     from vitlab.plots.study import plot_complexity
+    from vitlab.writers import Section, write_csv, write_json, write_report
 
     sizes, overrides = config.img_sizes, config.overrides
     if "img_size" in overrides:

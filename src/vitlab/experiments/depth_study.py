@@ -244,7 +244,6 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                 probe_epochs: list[dict] | None = None) -> dict[str, Any]:
     """results.csv, summary.csv, residual_ratios.csv, collapse_layers.csv, probes_layers.csv, probes_epochs.csv,
     the figures, summary.json, index.html."""
-    from vitlab.analysis.report import Section, write_csv, write_json, write_report
     from vitlab.plots.depth import (
         plot_accuracy,
         plot_against_depth,
@@ -252,6 +251,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         plot_similar_blocks,
         plot_similarity,
     )
+    from vitlab.writers import Section, write_csv, write_json, write_report
 
     agg = aggregate_rows(rows)
     warning = undertrained_warning(rows, meta["dataset"], (meta.get("run_config") or {}).get("limit_train"))

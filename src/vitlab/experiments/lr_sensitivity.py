@@ -241,8 +241,8 @@ def _num_classes(dataset: str, out: Path, pairs: list[tuple[RunSpec, dict]]) -> 
 def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str, Any], *,
                 command: str) -> dict[str, Any]:
     """The tables, figures and report of a finished (or partly finished) study."""
-    from vitlab.analysis.report import Section, write_csv, write_json, write_report
     from vitlab.plots.lr import plot_logit_growth, plot_logits, plot_loss_vs_lr, plot_sensitivity
+    from vitlab.writers import Section, write_csv, write_json, write_report
 
     per_lr = lr_table(rows, meta["uniform_loss"])
     sens = sensitivity(per_lr, meta["lrs"], seed_sensitivities(rows, meta["uniform_loss"], meta["lrs"]))

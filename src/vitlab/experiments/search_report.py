@@ -59,8 +59,8 @@ def write_search(study: Any, config: Any, *, storage: str) -> dict[str, Any]:
     returns its rows, best trial, text and figure names."""
     from optuna.trial import TrialState
 
-    from vitlab.analysis.report import Section, write_csv, write_json, write_report
     from vitlab.plots.search import plot_curves, plot_history, plot_importance
+    from vitlab.writers import Section, write_csv, write_json, write_report
 
     out, metric = config.output, config.objective
     rows = trial_rows(study, config.params)

@@ -209,8 +209,8 @@ def summary_text(agg: list[dict[str, Any]], params: list[SweepParam]) -> str:
 def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[SweepParam], *, title: str,
                 command: str, meta: dict[str, Any]) -> dict[str, Any]:
     """results.csv, summary.csv, one ``sweep_<param>.png`` per parameter, summary.json and index.html."""
-    from vitlab.analysis.report import Section, write_csv, write_json, write_report
     from vitlab.plots.study import plot_param
+    from vitlab.writers import Section, write_csv, write_json, write_report
 
     rows = result_rows(pairs, params)
     agg = aggregate_rows(rows, params)

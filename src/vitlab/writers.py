@@ -1,4 +1,6 @@
-"""Study reports: CSV/JSON files written atomically and an offline ``index.html`` beside them.
+"""The files of every study and report folder: CSV and JSON written atomically (``write_csv``, ``write_json``,
+``write_text``), read back (``read_csv``), the versions that made them (``versions``) and an offline ``index.html``
+beside them (``write_report``, one :class:`Section` per part).
 
 ``write_report(out_dir, title, command, sections)`` embeds the PNGs by relative path, renders tables from
 CSV files or row dicts, and states the exact command and the versions of python, torch, timm and vitlab,
