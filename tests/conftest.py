@@ -6,6 +6,8 @@ Plain helpers shared by several files (the tiny training run, ``one_line``, ``re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,3 +42,18 @@ def _studies_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     from vitlab.experiments import executors
 
     monkeypatch.setattr(executors, "_cores", lambda: 1)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished one-epoch tiny run folder (vit_mnist, 1 block of 16 dims and 2 heads; 64 train / 32 test images in
+    batches of 16 on the CPU), trained once per session (per xdist worker) for the tests that read a run folder
+    (tests/test_reliability*.py); a test that changes the folder works on a copy (``shutil.copytree``)."""
+    from _helpers import run_args
+    from vitlab.cli import main
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    args = run_args(model="vit_mnist", depth=1, embed_dim=16, num_heads=2, limit_train=64, limit_test=32,
+                    batch_size=16, device="cpu", threads=1, progress=False)
+    assert main(["train", *args, "--epochs", "1", "--output", str(out)]) == 0
+    return out

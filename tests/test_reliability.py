@@ -291,14 +291,6 @@ def test_a_number_out_of_range_in_yaml_is_refused(capsys, tmp_path) -> None:
 
 # --------------------------------------------------------------------------------------- checkpoints
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny run (model.safetensors, config.json, state.pt), copied by the tests that damage it."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert main(["train", *TINY, "--epochs", "1", "--output", str(out)]) == 0
-    return out
-
-
 def damaged(trained: Path, tmp_path: Path, change) -> Path:
     out = tmp_path / "ck"
     shutil.copytree(trained, out)

@@ -48,14 +48,6 @@ def hashes(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished one-epoch tiny run (2 heads of 8 dims), copied by the tests that change it."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert main(["train", *MODEL, *RUN, "--epochs", "1", "--output", str(out)]) == 0
-    return out
-
-
 def copy_of(trained: Path, tmp_path: Path) -> Path:
     out = tmp_path / "run"
     shutil.copytree(trained, out)

@@ -49,14 +49,6 @@ def victim(folder: Path) -> Path:
     return f
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny run, copied by the tests that plant things in it."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert main(["train", *TINY, "--epochs", "1", "--output", str(out)]) == 0
-    return out
-
-
 def settle_new(out: Path, force: bool = False) -> Path:
     """The output folder a new run in ``out`` gets (the checks before any data loads)."""
     cfg = RunConfig.from_dict({**TINY_CFG, "output": str(out)}, "test")
