@@ -45,6 +45,8 @@ def torchrun(nproc: int, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.full  # torchrun: two processes and a gloo process group
+@pytest.mark.xdist_group("ports")  # the rendezvous binds a port: never beside another test that does
 def test_two_gloo_processes_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", *ARGS, "--output", str(one)]) == 0

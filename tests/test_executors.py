@@ -114,6 +114,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.full  # a real Ray head on 127.0.0.1
+@pytest.mark.xdist_group("ports")  # the head binds ports: never beside another test that does
 def test_a_ray_cluster_gives_the_same_table(reference, ray_cluster: str, tmp_path: Path) -> None:
     assert main([*STUDY, "--executor", "ray", "--address", ray_cluster, "--output", str(tmp_path)]) == 0
     assert table(tmp_path) == reference

@@ -232,6 +232,7 @@ def test_a_live_run_folder_refuses_a_second_writer_and_a_killed_ones_does_not(ca
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ports")  # the rendezvous binds a port: never beside another test that does
 def test_torchrun_dead_worker_fails_the_launch_and_keeps_rank0_checkpoint(tmp_path: Path) -> None:
     out = tmp_path / "run"
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

@@ -226,6 +226,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.xdist_group("ports")  # a port found free must stay free: never beside a Ray head or a rendezvous
 def test_a_ray_address_where_nothing_answers_is_refused_in_seconds(tmp_path: Path, capsys) -> None:
     """Before: Ray's GCS warnings every ~40 s, still running after 180 s (only ConnectionError was caught)."""
     address = f"127.0.0.1:{free_port()}"
