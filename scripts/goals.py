@@ -2,7 +2,7 @@
 
 Each goal is a threshold claim about a new run of the default recipe ("the final test accuracy is at least 92.5 %",
 "a run fits 900 s"), tested with the run (seed) as the unit: the one-sample t of the seeds' values against the goal
-(:func:`vitlab.analysis.stats.compare` with a threshold), signed so that positive is the goal's side. The rule is the
+(:func:`vitlab.experiments.stats.compare` with a threshold), signed so that positive is the goal's side. The rule is the
 verdicts' rule for one claim: **shown** when the 95 % interval lies wholly on the goal's side, **missed** when it lies
 wholly on the other side, **not shown** otherwise (an interval that crosses the goal). README's summary of the
 recipe is generated from this CSV (scripts/findings_tables.py README.md), so it cannot go stale.
@@ -22,7 +22,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitlab.analysis import stats
+from vitlab.experiments import stats
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,12 +1,12 @@
 """The verdicts of docs/findings.md, computed from the committed run records under docs/results/runs/.
 
-A thin list of the page's claims (:data:`CLAIMS`) over :func:`vitlab.analysis.verdict.compare_runs`'s pieces
-(:mod:`vitlab.analysis.stats`): one row per claim, the difference between two arms (in accuracy points, or a
+A thin list of the page's claims (:data:`CLAIMS`) over :func:`vitlab.experiments.verdict.compare_runs`'s pieces
+(:mod:`vitlab.experiments.stats`): one row per claim, the difference between two arms (in accuracy points, or a
 diagnostic's unit) signed so that positive is the direction the paper claims, its 95 % interval, the test, p, the
 runs per arm and the minimal detectable effect at 80 % power of that design, with the run (seed) as the unit: a
 paired t over per-seed differences where both arms have the same seeds, Welch's t over runs otherwise. The claims
 are one family: Benjamini-Hochberg q-values and false-coverage-rate adjusted intervals (Benjamini and Yekutieli
-2005) decide the verdict (:func:`vitlab.analysis.stats.decide_family`; the rule is stated on the page):
+2005) decide the verdict (:func:`vitlab.experiments.stats.decide_family`; the rule is stated on the page):
 
 - a difference is *reproduced* when its q is at most 0.05 and the effect is on the paper's side, *contradicted* when
   it is on the other side, *undecided* otherwise;
@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitlab.analysis import stats, verdict
+from vitlab.experiments import stats, verdict
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # records_csv beside this script, also loaded by path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -252,7 +252,7 @@ UNITS = {"acc": "points", "similar_share": "share of blocks", "lr_sens": "nats",
 
 
 def arm_values(arm: str, what: str, runs: Path = RUNS) -> dict[int, float]:
-    """``{seed: value}`` of an arm: each seed's LR sensitivity, or each run's :func:`vitlab.analysis.verdict.measure`
+    """``{seed: value}`` of an arm: each seed's LR sensitivity, or each run's :func:`vitlab.experiments.verdict.measure`
     (a run without a complete record is refused by name)."""
     if what == "lr_sens":
         return lr_sensitivities(arm, runs)

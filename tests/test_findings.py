@@ -260,7 +260,7 @@ def test_verdicts_csv_is_computed_from_the_run_records() -> None:
 def test_every_verdict_follows_the_rule() -> None:
     """Each row's verdict is the family rule on its own cells: q <= 0.05 decides (by the effect's sign for a
     difference), the adjusted interval agrees with it, and the seed is the unit (no per-image test decides)."""
-    stats = pytest.importorskip("vitlab.analysis.stats")
+    stats = pytest.importorskip("vitlab.experiments.stats")
     rows = _verdict_rows()
     assert {"section", "claim", "comparison", "effect", "ci_low", "ci_high", "p", "q", "adj_ci_low", "adj_ci_high",
             "seeds", "mde", "verdict", "test"} <= set(rows[0])

@@ -1,4 +1,4 @@
-"""vitlab.analysis.stats on constructed data with known answers, checked against scipy.stats directly."""
+"""vitlab.experiments.stats on constructed data with known answers, checked against scipy.stats directly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from vitlab.analysis import stats
+from vitlab.experiments import stats
 
 
 def test_welch_is_scipys_welch() -> None:
@@ -128,7 +128,7 @@ def test_paired_bootstrap_of_three_seeds_of_10000_images_fits_in_memory() -> Non
     code = textwrap.dedent("""
         import resource
         import numpy as np
-        from vitlab.analysis import stats
+        from vitlab.experiments import stats
         size = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize"))
         resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30), size + (2 << 30)))  # 2 GiB beyond the imports
         rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitlab.analysis import stats
+from vitlab.experiments import stats
 
 IMAGES = 1000
 DELTA = 0.01  # arm a is one point better than arm b for a new run

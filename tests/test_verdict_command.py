@@ -1,4 +1,4 @@
-"""``vitlab verdict`` and :func:`vitlab.analysis.verdict.compare_runs` on study folders a user made: the seed is
+"""``vitlab verdict`` and :func:`vitlab.experiments.verdict.compare_runs` on study folders a user made: the seed is
 the unit, and every record that cannot be trusted is refused by name instead of changing the test or the answer."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vitlab.analysis.verdict import compare_runs, per_image
 from vitlab.cli import main
 from vitlab.errors import DataError
+from vitlab.experiments.verdict import compare_runs, per_image
 
 
 def _run(folder: Path, seed: int, acc: float, *, labels: list[int] | None = None, predictions: bool = True) -> Path:

@@ -1,6 +1,6 @@
 """What a run's record says about where it came from: the git commit of the code, the command that trained it,
 and its per-image test predictions (so two runs on the same test images can be compared image by image, by
-:func:`vitlab.analysis.stats.paired`)."""
+:func:`vitlab.experiments.stats.paired`)."""
 
 from __future__ import annotations
 

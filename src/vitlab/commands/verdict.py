@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     import io
     import math
 
-    from vitlab.analysis.verdict import COLUMNS, compare_runs, describe, per_image, result_row
     from vitlab.atomic import atomic_write_text
     from vitlab.errors import ConfigError
+    from vitlab.experiments.verdict import COLUMNS, compare_runs, describe, per_image, result_row
 
     if args.noninferior and not args.margin > 0:
         raise ConfigError("--noninferior needs --margin M > 0, the largest loss still counted as 'no worse'")

@@ -1,7 +1,7 @@
 """Ask a claim of your own runs: two arms, each a study folder, a run folder or ``STUDY/PREFIX`` (the runs
-``PREFIX_seed=N`` / ``PREFIX_seedN`` of a study), compared with the run as the unit (:mod:`vitlab.analysis.stats`).
+``PREFIX_seed=N`` / ``PREFIX_seedN`` of a study), compared with the run as the unit (:mod:`vitlab.experiments.stats`).
 
-    from vitlab.analysis.verdict import compare_runs
+    from vitlab.experiments.verdict import compare_runs
     r = compare_runs("runs/sweep_lr/lr=0.002", "runs/sweep_lr/lr=0.004")   # paired t over the shared seeds
     print(r.effect, r.ci_low, r.ci_high, r.verdict)
 
@@ -27,9 +27,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitlab.analysis import stats
 from vitlab.checkpoint.textfiles import read_json, read_text
 from vitlab.errors import DataError
+from vitlab.experiments import stats
 
 SEED_NAME = re.compile(r"_seed=?(\d+)$")
 # measures read from a run folder: test accuracy in points, any numeric summary.json key, or a diagnostic
@@ -177,7 +177,7 @@ def compare_runs(a: str | Path | Sequence[str | Path], b: str | Path | Sequence[
                  paired: bool | None = None, margin: float = 0.0, noninferior: bool = False, what: str = "acc",
                  confidence: float = 0.95) -> stats.Result:
     """The claim "``a`` beats ``b``" (or is as good, or no worse within ``margin``) over two arms of runs:
-    :func:`vitlab.analysis.stats.compare` on their values (:func:`arm_values`), paired by seed when ``paired`` is
+    :func:`vitlab.experiments.stats.compare` on their values (:func:`arm_values`), paired by seed when ``paired`` is
     None and both arms have the same seeds."""
     va, vb = arm_values(a, what), arm_values(b, what)
     if paired is None:
@@ -198,7 +198,7 @@ def per_image(a: str | Path | Sequence[str | Path], b: str | Path | Sequence[str
               confidence: float = 0.95) -> stats.Comparison:
     """A description of two arms on the same test images (never a verdict): every seed of both arms must have its
     ``test_predictions.json`` and both arms the same seeds and, per seed, the same labels in the same order (the
-    same images); then :func:`vitlab.analysis.stats.paired` over the (seed, image) pairs."""
+    same images); then :func:`vitlab.experiments.stats.paired` over the (seed, image) pairs."""
     arms = []
     for arm in (a, b):
         by_seed = {}

@@ -36,6 +36,10 @@ Yekutieli (2005), at level ``1 - R alpha / m`` for R decided of m tested claims,
 zero for every decided difference. A value that is not finite, an arm of fewer than 2 runs, or arms with no spread
 at all give *undecidable* (no p, no interval), never a decision.
 Effects are in the unit of the inputs (the verdict table uses accuracy points); ``effect = mean(a) - mean(b)``.
+
+scipy does the tests. It is the optional extra ``vitlab[stats]``, imported by the functions that need it (nothing
+``vitlab train`` or :func:`vitlab.create_model` imports reaches this module); without it they raise
+:class:`~vitlab.errors.ConfigError` naming ``pip install 'vitlab[stats]'``.
 """
 
 from __future__ import annotations
@@ -43,15 +47,31 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
-from scipy import optimize
-from scipy import stats as st
+
+from vitlab.errors import ConfigError
 
 REPRODUCED, CONTRADICTED, UNDECIDED = "reproduced", "contradicted", "undecided"
 DIFFERENCE, EQUIVALENCE, NONINFERIOR = "difference", "equivalence", "non-inferiority"
 MIN_DISCORDANT = 25  # below this many differing images, paired()'s interval is McNemar's exact conditional one
 MAX_RUNS = 50  # runs_to_decide looks no further
+
+
+def _scipy(module: str = "stats") -> Any:
+    """``scipy.stats`` (or ``scipy.optimize``), imported on first use: scipy is the optional extra ``vitlab[stats]``."""
+    try:
+        if module == "optimize":
+            from scipy import optimize
+
+            return optimize
+        from scipy import stats
+
+        return stats
+    except ImportError:
+        raise ConfigError("the statistics of vitlab verdict and vitlab.experiments.stats need scipy, which is not "
+                          "installed; pip install 'vitlab[stats]'") from None
 
 
 @dataclass(frozen=True)
@@ -88,6 +108,7 @@ def welch(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> C
     """Welch's t-test of ``mean(a) - mean(b)`` (two-sided) and its confidence interval. When both arms have no
     spread at all the t statistic is undefined: undecidable (the interval is the whole line, p is NaN), also when
     the means are equal; accuracies on 1,000 images move in steps of 0.1 points, so two constant arms happen."""
+    st = _scipy()
     x, y = _array(a), _array(b)
     effect = float(x.mean() - y.mean())
     if x.var() == 0 and y.var() == 0:
@@ -100,6 +121,7 @@ def welch(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> C
 def paired_t(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Comparison:
     """The paired t-test over per-seed differences ``a[i] - b[i]`` (``a`` and ``b`` in the same seed order):
     ``scipy.stats.ttest_rel`` and its interval. Constant differences: undecidable."""
+    st = _scipy()
     x, y = _array(a), _array(b)
     if x.size != y.size:
         raise ValueError(f"a paired comparison needs one value per seed in each arm, got {x.size} and {y.size}")
@@ -116,6 +138,7 @@ def paired_t(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -
 def one_sample(a: Sequence[float], value: float, confidence: float = 0.95) -> Comparison:
     """``mean(a) - value`` by the one-sample t-test (``scipy.stats.ttest_1samp``), for a claim about a threshold
     (a goal: "92.5 % reached" is shown only when the whole interval is above it)."""
+    st = _scipy()
     x = _array(a)
     if x.var() == 0:
         return _undecidable(float(x.mean() - value), "one-sample t", x.size, 0, confidence)
@@ -127,6 +150,7 @@ def one_sample(a: Sequence[float], value: float, confidence: float = 0.95) -> Co
 
 def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> float:
     """McNemar's exact p-value (two-sided): the binomial test of the pairs only one arm got right."""
+    st = _scipy()
     x, y = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)
     if x.shape != y.shape:
         raise ValueError(f"paired arms need the same images: {x.shape} against {y.shape}")
@@ -146,6 +170,7 @@ def paired(correct_a: Sequence[bool], correct_b: Sequence[bool], confidence: flo
     exact one of McNemar's conditional binomial (Clopper-Pearson on the share of the differing images that ``a``
     got right, times their share of all images), which excludes zero only when McNemar's exact test rejects.
     Memory stays about 100 MB whatever the number of pairs."""
+    st = _scipy()
     x, y = np.asarray(correct_a, dtype=float).ravel(), np.asarray(correct_b, dtype=float).ravel()
     if x.shape != y.shape:
         raise ValueError(f"paired arms need the same images: {x.shape} against {y.shape}")
@@ -189,6 +214,7 @@ def tost(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = 0
          paired: bool = False) -> Equivalence:
     """Equivalence of two arms within ``margin`` (> 0, in the unit of the values, stated before looking): Welch's
     two one-sided tests, or with ``paired`` the one-sample t's over the per-seed differences."""
+    st = _scipy()
     if not margin > 0:
         raise ValueError(f"an equivalence margin must be positive, got {margin}")
     x, y = _array(a), _array(b)
@@ -218,6 +244,7 @@ def _power(delta: float, sd: float, n_a: int, n_b: int, alpha: float) -> float:
 
 
 def _t_power(nc: float, df: int, alpha: float) -> float:
+    st = _scipy()
     crit = st.t.ppf(1 - alpha / 2, df)
     power = float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))
     if math.isnan(power):  # scipy's nct gives up far in the tail (large df and noncentrality): t is normal there
@@ -226,6 +253,7 @@ def _t_power(nc: float, df: int, alpha: float) -> float:
 
 
 def _solve(power_of: object, sd: float, power: float) -> float:
+    optimize = _scipy("optimize")
     hi = sd
     while power_of(hi) < power:  # type: ignore[operator]
         hi *= 2
@@ -260,6 +288,7 @@ def mde_paired(sd_diff: float, n: int, alpha: float = 0.05, power: float = 0.8) 
     """The minimal detectable effect of a paired design with ``n`` pairs whose differences have standard deviation
     ``sd_diff``, by the normal approximation: ``(z_{1-alpha/2} + z_{power}) * sd_diff / sqrt(n)`` (for many pairs;
     over seeds use :func:`mde_paired_t`)."""
+    st = _scipy()
     return float((st.norm.ppf(1 - alpha / 2) + st.norm.ppf(power)) * sd_diff / math.sqrt(n))
 
 
@@ -435,6 +464,7 @@ def compare(a: Values, b: Values | float, *, paired: bool = False, margin: float
 def _noninferior_p(xa: list[float], xb: list[float] | float, margin: float, paired: bool, threshold: bool) -> float:
     """Twice the one-sided p of ``effect > -margin``: below alpha exactly when the two-sided ``1 - alpha`` interval's
     lower end is above ``-margin``."""
+    st = _scipy()
     if threshold:
         one = st.ttest_1samp(np.asarray(xa) + margin, float(xb), alternative="greater").pvalue  # type: ignore[arg-type]
     elif paired:
@@ -451,6 +481,7 @@ def decide_family(results: Sequence[Result], alpha: float = 0.05) -> list[Result
     decided by ``q`` is reproduced or contradicted by the sign of its effect; an equivalence or non-inferiority claim
     is reproduced when ``q <= alpha`` and contradicted when its adjusted interval lies wholly beyond the margin.
     Claims without a p-value stay as they are (undecided)."""
+    st = _scipy()
     tested = [i for i, r in enumerate(results) if math.isfinite(r.p)]
     out = list(results)
     if not tested:
