@@ -7,7 +7,13 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from vitlab.commands.options import add_force_option, add_run_options
+    from vitlab.commands.options import (
+        add_run_options,
+        add_seeds_option,
+        add_set_option,
+        add_study_data_options,
+        add_study_output_options,
+    )
 
     p = subparsers.add_parser(
         "compare", help="compare models (vitlab presets, timm:NAME, fine-tuned checkpoints) on one recipe",
@@ -16,34 +22,32 @@ def register(subparsers: Any) -> None:
                     "position embedding, input channels, patch kernel and head adapted), each in its own "
                     "sub-folder of --output (finished runs are read back). Writes results.csv, summary.csv "
                     "(accuracy, params, MACs, time), compare.png and index.html.")
-    p.add_argument("--dataset", default="mnist-5k", help="data set (default mnist-5k)")
+    add_study_data_options(p)
     p.add_argument("--models", required=True, metavar="M1,M2,...",
                    help="vitlab presets and timm:NAME models, e.g. vit_mnist,timm:vit_tiny_patch16_224")
     p.add_argument("--pretrained", action="append", default=None, metavar="[NAME=]PATH",
                    help="weights to fine-tune from: values pair with --models in order ('-' skips one), or "
                         "NAME=PATH; 'hub' downloads timm's weights when online. Each adds a fine-tuned row")
-    p.add_argument("--set", action="append", default=None, metavar="[MODEL:]KEY=VALUE",
-                   help="model option for one model (MODEL:KEY=VALUE) or all (KEY=VALUE), e.g. "
-                        "--set timm:vit_tiny_patch16_224:patch_size=7")
-    p.add_argument("--seeds", type=int, default=1, help="runs per row, seeds 0..N-1 (default 1)")
+    add_set_option(p, "model option for one model (MODEL:KEY=VALUE) or all (KEY=VALUE), e.g. "
+                      "--set timm:vit_tiny_patch16_224:patch_size=7", metavar="[MODEL:]KEY=VALUE")
+    add_seeds_option(p, "row")
     add_run_options(p)
-    p.add_argument("--output", required=True, metavar="DIR", help="study folder (runs, CSV, figure, index.html)")
-    add_force_option(p)
+    add_study_output_options(p, "study folder (runs, CSV, figure, index.html)")
     p.set_defaults(func=run, _parser=p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.commands.options import base_run_config, command_line, executor_config
+    from vitlab.commands.options import run_study_command, study_fields
     from vitlab.errors import ConfigError
     from vitlab.experiments.compare import (
         CompareConfig,
+        compare_run_specs,
         entries,
         parse_model_sets,
         parse_models,
         parse_pretrained,
         run_compare,
     )
-    from vitlab.experiments.runs import exit_status
     from vitlab.models import get_config
 
     if args.seeds < 1:
@@ -54,17 +58,23 @@ def run(args: argparse.Namespace) -> int:
         if not m.startswith("timm:"):
             get_config(m, **sets[m])
     items = entries(models, sets, parse_pretrained(args.pretrained, models))
-    result = run_compare(CompareConfig(items, base_run_config(args, dataset=args.dataset), args.output, args.seeds,
-                                       command_line(args), args.logger, models, finished_only=args.finished_only,
-                                       executor=executor_config(args), force=args.force))
+    config = CompareConfig(items, **study_fields(args), seeds=args.seeds, logger=args.logger, models=models)
+    return run_study_command(args, config, plan=compare_run_specs, train=run_compare, report=report_lines,
+                             title="compare")
+
+
+def report_lines(result: dict[str, Any]) -> list[str]:
+    """What ``vitlab compare`` prints of a finished comparison: a line per row, the warning, the files written."""
+    lines = []
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
-        print(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, {(t['params'] or 0) / 1e6:.3f}M params, "
-              f"{(macs or 0) / 1e6:.1f} matmul MMACs, training {t['train_time_s']:.1f} s ({t['start']})"
-              + ("  [under-trained]" if t["undertrained"] else "")
-              + (f"  [diverged: {t['diverged']} of {t['seeds']} seeds]" if t.get("diverged") else "")
-              + (f"  [failed: {t['failed']} of {t['seeds']} seeds]" if t.get("failed") else ""))
+        lines.append(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, "
+                     f"{(t['params'] or 0) / 1e6:.3f}M params, {(macs or 0) / 1e6:.1f} matmul MMACs, training "
+                     f"{t['train_time_s']:.1f} s ({t['start']})"
+                     + ("  [under-trained]" if t["undertrained"] else "")
+                     + (f"  [diverged: {t['diverged']} of {t['seeds']} seeds]" if t.get("diverged") else "")
+                     + (f"  [failed: {t['failed']} of {t['seeds']} seeds]" if t.get("failed") else ""))
     if result["warning"]:
-        print(result["warning"])
-    print(f"wrote results.csv, summary.csv, compare.png, index.html to {result['out']}")
-    return exit_status("compare", result["pairs"])  # 0: every run finished; 3: some failed, each named
+        lines.append(result["warning"])
+    lines.append(f"wrote results.csv, summary.csv, compare.png, index.html to {result['out']}")
+    return lines

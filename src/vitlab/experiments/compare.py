@@ -256,16 +256,21 @@ class CompareConfig:
     force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
 
 
+def compare_run_specs(config: CompareConfig) -> list[RunSpec]:
+    """The runs of ``config``, checked (what ``--dry-run`` plans and :func:`run_compare` trains)."""
+    if config.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
+    return compare_specs(config.entries, config.run, list(range(config.seeds)))
+
+
 def run_compare(config: CompareConfig) -> dict[str, Any]:
     """Train (or read back) every run and write the table, figure and report into ``config.output``; returns
     :func:`write_compare`'s result and the study folder (``out``)."""
     from vitlab.experiments.runs import run_study, track_study
 
-    if config.seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {config.seeds}")
     cfg, items = config.run, config.entries
+    specs = compare_run_specs(config)
     models = config.models or list(dict.fromkeys(e.model for e in items))
-    specs = compare_specs(items, cfg, list(range(config.seeds)))
     out, pairs = run_study(specs, config.output, "compare", force=config.force, command=config.command,
                            title="compare", finished_only=config.finished_only, executor=config.executor)
     meta = {"dataset": cfg.dataset, "models": models,

@@ -202,15 +202,22 @@ def check_lr_sensitivity(config: LRSensitivityConfig) -> None:
                           "so that no learning rate is chosen on the test set")
 
 
+def lr_run_specs(config: LRSensitivityConfig) -> list[RunSpec]:
+    """The runs of ``config``, checked (what ``--dry-run`` plans and :func:`run_lr_sensitivity` trains)."""
+    check_lr_sensitivity(config)
+    cfg = config.run.replace(probe_images=config.probe_images)
+    return lr_specs(config.base, sorted(config.depths), config.variants, sorted(config.lrs),
+                    list(range(config.seeds)), cfg, config.shared)
+
+
 def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     """Train (or read back) every run and write results.csv, summary.csv, sensitivity.csv, logits.csv, the figures,
     summary.json and index.html into ``config.output``."""
     from vitlab.experiments.runs import run_study
 
-    check_lr_sensitivity(config)
+    specs = lr_run_specs(config)
     depths, lrs = sorted(config.depths), sorted(config.lrs)
     cfg = config.run.replace(probe_images=config.probe_images)
-    specs = lr_specs(config.base, depths, config.variants, lrs, list(range(config.seeds)), cfg, config.shared)
     out, pairs = run_study(specs, config.output, "lr-sensitivity", force=config.force, command=config.command,
                            title="lr sensitivity", finished_only=config.finished_only, executor=config.executor)
     rows, logits = [], []
