@@ -10,7 +10,7 @@ on random images of mnist-5k's shape (uint8 1x28x28, 10 classes; time does not d
 - **augmentation**: ``BatchPipeline.train_batch`` (normalise + the digits' random affine, per-image parameters,
   one ``grid_sample``) of every batch of 64;
 - **training step**: forward, loss with label smoothing, backward, gradient clipping, AdamW step;
-- **evaluation**: ``vitlab.train.evaluate`` of the 1,000 test images (eval mode, no gradients, batch 1,000).
+- **evaluation**: ``vitlab.inference.evaluate`` of the 1,000 test images (eval mode, no gradients, batch 1,000).
 
 Times are CPU seconds of this thread (``time.thread_time``), not wall seconds: they do not change with the load
 other processes put on a shared machine, so the shares hold on a busy one. Median of ``--repeats`` epochs after a
@@ -32,11 +32,11 @@ from torch import nn
 from vitlab.atomic import atomic_path
 from vitlab.catalog import CATALOG
 from vitlab.data import DataSplit
+from vitlab.inference.evaluate import evaluate
 from vitlab.models import create_model
 from vitlab.perf import cpu_model
 from vitlab.train.batches import BatchPipeline
 from vitlab.train.config import AUGMENT_DEFAULTS, RunConfig, size_defaults
-from vitlab.train.evaluate import evaluate
 
 MNIST5K = CATALOG["mnist-5k"]
 MEAN, STD = MNIST5K.mean, MNIST5K.std

@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     "flops": 3, "analysis": 3, "plots": 3, "writers": 3, "data": 3, "perf": 3, "checkpoint": 3, "provenance": 3,
     "outputs": 3,
     "interop": 4,
-    "train": 5,
+    "train": 5, "inference": 5,
     "experiments": 6,
     "commands": 7, "cli": 7, "__main__": 7,
     "": 8,  # the package root (vitlab/__init__.py): the public facade, imported by nothing inside

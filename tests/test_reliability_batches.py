@@ -19,7 +19,7 @@ from _helpers import run_args
 from vitlab.checkpoint import load_model, read_config, save_weights
 from vitlab.cli import main
 from vitlab.errors import CheckpointError, DataError
-from vitlab.train.predict import predict_files
+from vitlab.inference.predict import predict_files
 
 TINY = {"epochs": 1, "limit_train": 64, "limit_test": 32, "batch_size": 32, "no_augment": True, "progress": False}
 

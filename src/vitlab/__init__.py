@@ -18,7 +18,7 @@ _LAZY = {"from_timm", "to_timm", "load_pretrained", "from_vit5", "to_vit5"}
 # build_model: deprecated (it warns), kept for old code; vitlab.create_model takes a ModelConfig too
 _MODELS = {"ModelConfig", "build_model", "create_model", "get_config", "list_models"}
 _SUBPACKAGES = {"analysis", "checkpoint", "data", "experiments", "flops", "interop", "layers", "models", "perf",
-                "plots", "train", "writers"}
+                "inference", "plots", "train", "writers"}
 
 
 def __getattr__(name: str) -> Any:

@@ -42,11 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.checkpoint import ModelSpec
     from vitlab.data import load_dataset
     from vitlab.errors import ConfigError, DataError
+    from vitlab.inference.evaluate import evaluate
+    from vitlab.inference.predict import checkpoint_normalization
     from vitlab.interop.hub import load_checkpoint
     from vitlab.plots.confusion import save_confusion_matrix
     from vitlab.train.distributed import pick_device
-    from vitlab.train.evaluate import evaluate
-    from vitlab.train.predict import checkpoint_normalization
 
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")

@@ -29,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from vitlab.errors import ConfigError, DataError
+    from vitlab.inference.predict import iter_predictions, shown
     from vitlab.interop.hub import load_checkpoint
     from vitlab.train.distributed import pick_device
-    from vitlab.train.predict import iter_predictions, shown
 
     if args.topk <= 0:
         raise ConfigError(f"--topk must be a positive integer, got {args.topk}")

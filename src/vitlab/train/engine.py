@@ -37,6 +37,7 @@ from vitlab.checkpoint import CONFIG, WEIGHTS, read_weights, save_checkpoint, un
 from vitlab.data import DataSplit
 from vitlab.errors import WriteError
 from vitlab.flops import model_macs
+from vitlab.inference.evaluate import autocast, evaluate
 from vitlab.train.batches import epoch_order, load_run_data
 from vitlab.train.config import RunConfig
 from vitlab.train.distributed import DistContext, init_distributed, shard
@@ -48,7 +49,6 @@ from vitlab.train.divergence import (
     divergence_limit,
     nonfinite_message,
 )
-from vitlab.train.evaluate import autocast, evaluate
 from vitlab.train.logging import RunLogger
 from vitlab.train.optim import WarmupCosine, build_optimizer
 from vitlab.train.plan import RunPlan, make_plan, request

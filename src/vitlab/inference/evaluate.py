@@ -1,15 +1,19 @@
-"""Test-set evaluation: loss, accuracy and confusion matrix, sharded over processes and summed."""
+"""Test-set evaluation: loss, accuracy and confusion matrix, sharded over processes and summed (``vitlab eval``,
+and the trainer after each epoch)."""
 
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.data import DataSplit, normalize
-from vitlab.train.distributed import DistContext
+
+if TYPE_CHECKING:
+    from vitlab.train.distributed import DistContext
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -29,6 +33,7 @@ def evaluate(model: nn.Module, split: DataSplit, *, mean: tuple[float, ...], std
     as that many concurrent row slices (``vitlab.perf.sliced_forward``). ``predictions``: also the predicted
     class of every image, in the split's order (``"predictions"``, on the CPU)."""
     from vitlab.perf import sliced_forward
+    from vitlab.train.distributed import DistContext  # not at the top: vitlab.train imports this module
 
     ctx = ctx or DistContext(device=device)
     was_training = model.training

@@ -14,7 +14,7 @@ from vitlab.data import load_image, normalization, normalize
 from vitlab.data.datasets import shown
 from vitlab.data.images import IMAGE_EXTENSIONS, find_images
 from vitlab.errors import DataError
-from vitlab.train.evaluate import top_k
+from vitlab.inference.evaluate import top_k
 
 
 def checkpoint_normalization(config: dict[str, Any], dataset: str | None,
