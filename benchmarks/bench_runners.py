@@ -21,6 +21,7 @@ from torch import nn
 import vitlab
 from vitlab import perf
 from vitlab.layers.attention import Attention
+from vitlab.train.optim import adamw
 from vitlab.train.run_model import token_count
 
 DEFAULT_THREADS = torch.get_num_threads()  # torch's default, read before anything changes it
@@ -82,7 +83,7 @@ def make_optimizer(model: nn.Module, impl: str, recipe: dict | None = None) -> t
     params = [p for p in model.parameters() if p.requires_grad]
     if impl == "default":
         return torch.optim.AdamW(params, **kwargs)
-    return perf.adamw(params, impl=impl, **kwargs)
+    return adamw(params, impl=impl, **kwargs)
 
 
 def autocast(device: str, bf16: bool = False) -> contextlib.AbstractContextManager:

@@ -14,6 +14,7 @@ import torch
 from _scripts import load_script
 from vitlab import perf
 from vitlab.errors import ConfigError
+from vitlab.train import optim
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
 
@@ -37,12 +38,12 @@ def test_cpu_model_reads_the_model_name_and_falls_back(tmp_path: Path, monkeypat
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 1\n"
                     "model name\t: AMD EPYC 7763 64-Core Processor\nflags\t\t: fpu\n")
     assert perf.cpu_model(info) == "AMD EPYC 7763 64-Core Processor"  # not the "model" line before it
-    monkeypatch.setattr(perf.platform, "processor", lambda: "arm")
+    monkeypatch.setattr(perf.cpu.platform, "processor", lambda: "arm")
     info.write_text("processor\t: 0\nmodel name\t:\n")  # an empty name (some ARM kernels) falls back
     assert perf.cpu_model(info) == "arm"
     assert perf.cpu_model(tmp_path / "missing") == "arm"  # not Linux
-    monkeypatch.setattr(perf.platform, "processor", lambda: "")
-    monkeypatch.setattr(perf.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(perf.cpu.platform, "processor", lambda: "")
+    monkeypatch.setattr(perf.cpu.platform, "machine", lambda: "x86_64")
     assert perf.cpu_model(tmp_path / "missing") == "x86_64"
 
 
@@ -84,8 +85,8 @@ def test_set_threads() -> None:
 def _adamw_steps(impl: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
-    opt = perf.adamw([{"params": model[0].parameters(), "weight_decay": 0.05},
-                      {"params": model[2].parameters(), "weight_decay": 0.0}], impl=impl, lr=1e-2)
+    opt = optim.adamw([{"params": model[0].parameters(), "weight_decay": 0.05},
+                       {"params": model[2].parameters(), "weight_decay": 0.0}], impl=impl, lr=1e-2)
     for _ in range(3):
         model(torch.randn(4, 8)).square().sum().backward()
         opt.step()
@@ -102,14 +103,14 @@ def test_adamw_implementations_give_the_same_updates() -> None:
 
 def test_adamw_picks_fused_where_supported() -> None:
     p = torch.nn.Parameter(torch.zeros(3))
-    opt = perf.adamw([p], lr=1e-3)
-    if perf.fused_adamw_supported("cpu"):
+    opt = optim.adamw([p], lr=1e-3)
+    if optim.fused_adamw_supported("cpu"):
         assert opt.defaults["fused"] is True
     else:
         assert opt.defaults["foreach"] is True
-    assert perf.adamw([p], impl="foreach").defaults["foreach"] is True
+    assert optim.adamw([p], impl="foreach").defaults["foreach"] is True
     with pytest.raises(ConfigError, match="choose auto, fused, foreach or loop"):
-        perf.adamw([p], impl="turbo")
+        optim.adamw([p], impl="turbo")
 
 
 # ----------------------------------------------------------------------------------------------- bench.py

@@ -278,12 +278,12 @@ appends every event to ``trace`` when given. The reply is the process's exit sta
 import json, os, signal, sys
 from pathlib import Path
 
-from vitlab import atomic, perf
+from vitlab import atomic
 from vitlab.cli import main
-from vitlab.train import engine
+from vitlab.train import engine, optim
 from vitlab.train.logging import RunLogger
 
-perf.fused_adamw_supported("cpu")  # warm what every run would import again (torch._dynamo: seconds)
+optim.fused_adamw_supported("cpu")  # warm what every run would import again (torch._dynamo: seconds)
 try:
     import torch.utils.tensorboard
 except ImportError:

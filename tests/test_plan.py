@@ -47,7 +47,7 @@ DECIDERS = {
     "vitlab/data/facts.py": None,
     "vitlab/models/registry.py": None,  # presets resolved and named
     "vitlab/models/spec.py": ("ModelSpec.with_options",),  # a spec rebuilt
-    "vitlab/perf.py": ("thread_plan", "why_not_sliced", "plan_training"),
+    "vitlab/perf/threads.py": ("thread_plan", "why_not_sliced", "plan_training"),
     "vitlab/train/plan.py": None,  # but the plan's own methods (reading it)
 }
 PLAN_VALUES = ("RunPlan.", "DataPlan.", "Schedule.")

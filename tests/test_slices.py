@@ -202,7 +202,7 @@ def test_trainer_slices_give_the_run_of_one_slice(tmp_path):
 
 
 def test_trainer_picks_one_slice_per_core_for_small_models(tmp_path, monkeypatch):
-    monkeypatch.setattr(perf, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(perf.threads, "cpu_cores", lambda: 2)  # where the thread plan looks it up
     assert main(["train", *TINY, "--output", str(tmp_path / "auto")]) == 0
     assert summary(tmp_path / "auto")["slices"] == 2 and summary(tmp_path / "auto")["threads"] == 1
     assert main(["train", *TINY, "--threads", "1", "--output", str(tmp_path / "threads")]) == 0

@@ -1,11 +1,16 @@
 """The optimiser stage of a run: AdamW (torch's, or LAMB, DeiT III's, timm's) with weight decay on matrices only,
 optional layer-wise learning-rate decay (timm's parameter groups), and timm's per-step warm-up + cosine schedule.
-The rates and the steps are the plan's (:class:`vitlab.train.plan.Schedule`); nothing here picks a value."""
+The rates and the steps are the plan's (:class:`vitlab.train.plan.Schedule`); nothing here picks a value. AdamW runs
+the fastest kernel this torch has for the parameters' device (:func:`adamw`, :func:`fused_adamw_supported`): fused
+on CPU and CUDA in torch >= 2.4, else the multi-tensor ``foreach`` one; on CPU torch's own default is the slow
+per-parameter loop. The kernels compute the same update."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -67,19 +72,56 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
 
 
+def fused_adamw_supported(device: torch.device | str) -> bool:
+    """Whether ``torch.optim.AdamW(fused=True)`` runs on ``device`` in this torch."""
+    return _fused_adamw(torch.device(device).type)
+
+
+@functools.cache
+def _fused_adamw(kind: str) -> bool:
+    if kind == "cuda":
+        return True
+    if kind != "cpu":
+        return False
+    try:
+        torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
+
+
+def adamw(params: Iterable, *, impl: str = "auto", **kwargs) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` with its fastest implementation: ``impl`` is ``auto`` (fused where supported,
+    else foreach), ``fused``, ``foreach`` or ``loop`` (torch's per-parameter reference loop)."""
+    params = list(params)
+    if params and isinstance(params[0], dict):  # parameter groups
+        params = [{**group, "params": list(group["params"])} for group in params]
+        tensors = [p for group in params for p in group["params"]]
+    else:
+        tensors = params
+    if impl == "auto":
+        device = tensors[0].device if tensors else torch.device("cpu")
+        impl = "fused" if fused_adamw_supported(device) else "foreach"
+    if impl == "fused":
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    if impl == "foreach":
+        return torch.optim.AdamW(params, foreach=True, **kwargs)
+    if impl == "loop":
+        return torch.optim.AdamW(params, foreach=False, **kwargs)
+    raise ConfigError(f"unknown AdamW implementation {impl!r}; choose auto, fused, foreach or loop")
+
+
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, layer_decay: float | None = None,
                     optimizer: str | None = None) -> torch.optim.Optimizer:
     """The ``optimizer`` (``adamw``, the default, or ``lamb``) over :func:`param_groups`.
 
     AdamW is torch's with the fastest kernel this torch has for the parameters' device (fused on CPU and CUDA where
-    supported, :func:`vitlab.perf.fused_adamw_supported`, else multi-tensor ``foreach``; the same update). LAMB (You
+    supported, :func:`fused_adamw_supported`, else multi-tensor ``foreach``; the same update). LAMB (You
     et al. 2020) is timm's ``Lamb`` as DeiT III trains with it (the authors' ``--opt fusedlamb`` through timm's
     ``create_optimizer``: betas (0.9, 0.999), eps 1e-8, the gradients clipped to a global norm of 1 inside the
     optimiser, the layer-wise trust ratio on the groups with weight decay only)."""
     groups = param_groups(model, weight_decay, layer_decay)
     if optimizer in (None, "adamw"):
-        from vitlab.perf import fused_adamw_supported
-
         device = next((p.device for g in groups for p in g["params"]), torch.device("cpu"))
         kernel = {"fused": True} if fused_adamw_supported(device) else {"foreach": True}
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), **kernel)
