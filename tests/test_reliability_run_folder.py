@@ -23,7 +23,7 @@ from vitlab.data import datasets as datasets_module
 from vitlab.data import load_dataset
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.interop import load_pretrained
-from vitlab.models import budget
+from vitlab.models import size_limits as budget
 from vitlab.train import engine
 from vitlab.train.batches import subset
 from vitlab.train.config import RunConfig

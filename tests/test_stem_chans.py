@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 import vitlab
 from vitlab import flops
 from vitlab.errors import ConfigError
-from vitlab.models.budget import param_count
+from vitlab.models.size_limits import param_count
 
 
 @pytest.mark.parametrize("chans", [16, 32, 64])

@@ -30,7 +30,7 @@ from vitlab.interop.timm_convert import from_timm_state_dict
 from vitlab.layers import build_pos_embed, resample_abs_pos_embed
 from vitlab.layers.pos_embed import pos_embed_at_grid
 from vitlab.models import ModelConfig, VitlabModel, create_model, get_config
-from vitlab.models.budget import check_budget
+from vitlab.models.size_limits import check_budget
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
 _WRAPPERS = ("module.", "_orig_mod.", "model.")  # DDP, torch.compile, Lightning-style key prefixes

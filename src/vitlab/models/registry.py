@@ -82,7 +82,7 @@ def create_model(model: str | ModelConfig | ModelSpec, *, device: Any = None, dt
     :class:`ModelSpec` (e.g. ``vitlab.checkpoint.read_spec(run_dir)``). The model carries its spec as
     ``model.vitlab_spec``. ``device`` / ``dtype`` (as timm's): its parameters and buffers are created on that device
     (``'meta'``: shapes only) in that floating-point dtype; they are not part of the spec. A vitlab config beyond
-    the size budget (2e9 parameters, 64 GiB of activations per image: :mod:`vitlab.models.budget`) is refused
+    the size budget (2e9 parameters, 64 GiB of activations per image: :mod:`vitlab.models.size_limits`) is refused
     before anything is allocated, unless ``allow_large`` (or ``VITLAB_ALLOW_LARGE=1``) or ``device='meta'``."""
     spec = resolve_spec(model, **overrides)
     allow_large = allow_large or str(device) == "meta"

@@ -18,8 +18,8 @@ from typing import Any
 from torch import nn
 
 from vitlab.errors import ConfigError, UnknownOptionError
-from vitlab.models.budget import check_budget
 from vitlab.models.config import ModelConfig
+from vitlab.models.size_limits import check_budget
 
 TIMM_PREFIX = "timm:"
 
@@ -91,7 +91,7 @@ class ModelSpec:
     def build(self, *, allow_large: bool = False) -> nn.Module:
         """A freshly initialised model of this spec: the one place a model is instantiated (use
         :func:`create_model`). A vitlab model's ``vitlab_spec`` is its live config; a timm model gets this spec.
-        A vitlab config beyond the size budget (:mod:`vitlab.models.budget`) is refused before anything is
+        A vitlab config beyond the size budget (:mod:`vitlab.models.size_limits`) is refused before anything is
         allocated unless ``allow_large``."""
         if not self.is_timm:
             self.config.validate()

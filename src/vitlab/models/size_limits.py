@@ -1,5 +1,6 @@
-"""The size budget a model config is checked against before any of it is allocated (:func:`check_budget`, called
-by :meth:`vitlab.models.spec.ModelSpec.build`, the one place a model is instantiated).
+"""The size limits (the size budget) a model config is checked against before any of it is allocated
+(:func:`check_budget`, called by :meth:`vitlab.models.spec.ModelSpec.build`, the one place a model is instantiated).
+Not :mod:`vitlab.experiments.budget`, the studies' training budget (epochs per run).
 
 Two numbers, both computed from the config alone:
 
