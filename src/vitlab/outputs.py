@@ -3,8 +3,8 @@
 A folder is vitlab's only by vitlab's own marker for that kind of output:
 
 - a training run's folder by its checkpoint's ``config.json`` (:func:`vitlab.checkpoint.files.is_run_folder`), or
-  the ``train.lock`` of a run stopped before its first checkpoint (:mod:`vitlab.train.output` applies this rule to
-  runs, with ``--force`` and ``--resume``);
+  the ``train.lock`` of a run stopped before its first checkpoint (the section "run folders" below applies this rule
+  to runs, with ``--force`` and ``--resume``: :func:`check_path`, :func:`check_new_run`, :func:`stopped_run`);
 - the folder of a study (``sweep``, ``compare``, ``depth-study``, ``complexity``, ``sweep --search optuna``) or of
   a report (``analyze``, ``eval --output``) by :data:`MARKER`, a small JSON file
   ``{"format": "vitlab-output/1", "commands": [...]}`` written atomically when a command first claims the folder.
@@ -31,10 +31,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from vitlab.atomic import atomic_write_text
+from vitlab.checkpoint import CONFIG, MANIFEST, STATE, WEIGHTS
 from vitlab.checkpoint.files import is_run_folder
 from vitlab.errors import ConfigError
 
@@ -162,3 +164,61 @@ def name_max(out: Path) -> int:
         except (OSError, ValueError, AttributeError):
             continue
     return 255
+
+
+# ---------------------------------------------------------------------------------------------------- run folders
+# A training run's folder is vitlab's by the checkpoint's config.json (format vitlab-checkpoint/1) or, for a run
+# stopped before its first checkpoint, the train.lock vitlab leaves there (a regular file, empty or holding
+# "PID HOST"). A new run may write into a missing folder, an existing folder holding none of the files a run writes,
+# or a marked folder without a checkpoint; a folder holding a checkpoint is continued with --resume; a folder without
+# the marker that holds a file a run would replace is refused unless --force. The output may not sit inside the data
+# folder (an image folder would read it as a class). vitlab.train.plan applies these checks before any data loads.
+
+METRICS, SUMMARY = "metrics.jsonl", "summary.json"  # written by vitlab.train.logging
+TRACKING = "tracking.json"  # vitlab.train.tracking: {"backend": ..., "run_id": ...} of the tracker run it logs to
+LOCK = "train.lock"  # vitlab.train.lock: the lock a running (or stopped) run holds
+RUN_FILES = (CONFIG, WEIGHTS, STATE, MANIFEST, METRICS, SUMMARY, TRACKING, LOCK)  # what a run writes (or replaces)
+_LOCK_TEXT = re.compile(rb"(\d+( [^\s]+)?\n?)?")
+
+
+def check_path(out: Path, data_dir: str | None) -> None:
+    """Refuse an output path the file system cannot hold, or one inside ``data_dir``, in one line."""
+    check_folder(out)
+    try:
+        if data_dir and out.resolve().is_relative_to(Path(data_dir).resolve()):
+            raise ConfigError(f"--output {out} is inside --data-dir {data_dir}, where the run's files would be read "
+                              "as data (an image folder takes a folder there for a class); pick an --output outside "
+                              "the data folder")
+    except OSError as exc:
+        raise ConfigError(f"--output {out} cannot be used ({exc.strerror or exc}); pick another --output") from None
+
+
+def check_new_run(out: Path, *, resume: str | Path | None, force: bool) -> None:
+    """Refuse to start a run in ``out`` where it would replace a checkpoint, or files vitlab did not write
+    (``force`` replaces the latter)."""
+    if resume is not None and out.resolve() == Path(resume).resolve():
+        return  # the resumed run's own folder
+    if not out.is_dir():
+        return
+    if is_run_folder(out):
+        if resume is None:
+            raise ConfigError(f"{out} already holds a checkpoint; continue it with --resume {out}, or pick another "
+                              "--output (or delete the folder)")
+        raise ConfigError(f"{out} already holds the checkpoint of another run; resume {resume} into another --output "
+                          "(or delete the folder)")
+    if force or stopped_run(out):
+        return
+    clash = [name for name in RUN_FILES if os.path.lexists(out / name)]
+    if clash:
+        raise ConfigError(refusal(out, clash, f"is not a vitlab run folder (it has no vitlab {CONFIG})", "this run"))
+
+
+def stopped_run(out: Path) -> bool:
+    """True when ``out`` holds vitlab's ``train.lock`` (a run stopped before its first checkpoint)."""
+    lock = out / LOCK
+    try:
+        if lock.is_symlink() or not lock.is_file() or lock.stat().st_size > 300:
+            return False
+        return _LOCK_TEXT.fullmatch(lock.read_bytes()) is not None
+    except OSError:
+        return False

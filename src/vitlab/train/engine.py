@@ -82,7 +82,7 @@ def train(options: RunConfig | Mapping[str, Any], *, resume: str | Path | None =
     ``timm:NAME`` model, adapted to the run's image size, patch size, channels and classes
     (:func:`vitlab.train.run_model.load_init`). ``verify=False`` resumes from a checkpoint whose SHA-256 no longer
     matches its ``manifest.json``. ``force=True`` writes into an output folder without vitlab's marker that holds
-    files a run replaces (:mod:`vitlab.train.output`).
+    files a run replaces (:mod:`vitlab.outputs`, its run folders).
     """
     req = request(options, resume=resume, init_weights=init_weights, verify=verify)
     ctx = init_distributed(req.run.device)

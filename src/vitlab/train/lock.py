@@ -29,13 +29,13 @@ from typing import IO
 
 from vitlab.atomic import open_in_place
 from vitlab.errors import ConfigError
+from vitlab.outputs import LOCK  # the file name, one of a run folder's files (vitlab.outputs.RUN_FILES)
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-LOCK = "train.lock"
 _HELD: dict[str, list] = {}  # resolved folder -> [open lock file, holders in this process]
 
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.atomic import atomic_write_text, open_in_place, write_error
+from vitlab.outputs import METRICS, SUMMARY  # the file names, with the rest of a run folder's (vitlab.outputs)
 from vitlab.train.tracking import open_tracker
-
-METRICS, SUMMARY = "metrics.jsonl", "summary.json"
 
 
 def on_terminal() -> bool:

@@ -39,12 +39,12 @@ from vitlab.checkpoint import CONFIG, ModelSpec, read_config, state_mismatch
 from vitlab.data.datasets import canonical_dataset, check_input, normalization
 from vitlab.data.facts import data_facts
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.outputs import check_new_run, check_path
 from vitlab.perf import ThreadPlan, thread_plan
 from vitlab.train.config import RunConfig
 from vitlab.train.distributed import DistContext, check_batch, pick_device
 from vitlab.train.lock import check_free
 from vitlab.train.options import RESULT_NEUTRAL
-from vitlab.train.output import check_new_run, check_path
 from vitlab.train.plan_model import ModelCost, announced_model, measure, resolve_model, width, with_recipe
 from vitlab.train.recipes import default_model, default_recipe, fill
 

@@ -24,10 +24,11 @@ from typing import Any, Protocol
 
 from vitlab.atomic import atomic_write_text
 from vitlab.errors import ConfigError
+from vitlab.outputs import TRACKING
 
 LOGGERS = ("none", "tensorboard", "mlflow", "wandb")
 MODULE = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}  # backend -> module it needs
-STATE = "tracking.json"  # {"backend": ..., "run_id": ...} of the tracker run a run folder logs to
+STATE = TRACKING  # tracking.json: {"backend": ..., "run_id": ...} of the tracker run a run folder logs to
 STATUSES = ("finished", "failed", "stopped")
 
 Scalar = int | float | str | bool
