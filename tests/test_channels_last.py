@@ -14,9 +14,8 @@ import torch
 from _helpers import run_config
 from vitlab.checkpoint import load_train_state, read_config
 from vitlab.cli import main
-from vitlab.train.config import RunConfig, default_recipe
+from vitlab.train.config import RESULT_NEUTRAL, RunConfig, default_recipe
 from vitlab.train.engine import train
-from vitlab.train.options import RESULT_NEUTRAL
 
 CL = torch.channels_last
 # the command's default model on digits (a 64-channel stem), shrunk; batch 16 of 64 images: 4 steps an epoch

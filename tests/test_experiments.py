@@ -55,7 +55,7 @@ class FakeTrainer:
 
 
 def test_one_value_parser_and_one_set_of_coercion_rules():
-    from vitlab.train.options import coerce_to, parse_set, parse_value
+    from vitlab.train.config import coerce_to, parse_set, parse_value
 
     assert parse_value("64") == 64 and parse_value("0.5") == 0.5 and parse_value("true") is True
     assert parse_value("1e-5") == 1e-5 and parse_value("5E3") == 5000.0  # YAML 1.1 leaves these strings
@@ -76,7 +76,7 @@ def test_one_value_parser_and_one_set_of_coercion_rules():
 
 
 def test_result_neutral_options_are_one_list():
-    from vitlab.train.options import RESULT_NEUTRAL
+    from vitlab.train.config import RESULT_NEUTRAL
     from vitlab.train.resume import RESUMABLE
 
     assert RESULT_NEUTRAL <= set(RunConfig.field_names()) and RESULT_NEUTRAL < RESUMABLE

@@ -95,7 +95,7 @@ def _specs(command: str):
     from vitlab.cli import build_parser
     from vitlab.commands.options import base_run_config
     from vitlab.experiments.sweep import parse_params, sweep_specs
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import parse_set
 
     args = build_parser().parse_args(shlex.split(command)[1:])
     params = parse_params(args.model, args.param, args.values)

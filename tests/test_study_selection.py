@@ -139,7 +139,7 @@ def test_a_study_tracker_run_logs_no_best_over_runs(tmp_path: Path, monkeypatch)
 
 def test_every_command_reads_set_with_one_parser():
     from vitlab.experiments.compare import parse_model_sets
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import parse_set
 
     models = ["vit_mnist", "timm:vit_tiny_patch16_224"]
     sets = parse_model_sets(["vit_mnist:global-pool=avg", "drop-rate=1e-1", "vit_mnist:depth='2'"], models)

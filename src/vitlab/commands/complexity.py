@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.commands.options import command_line
     from vitlab.experiments.complexity import ComplexityConfig, run_complexity
     from vitlab.experiments.values import parse_ints
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import parse_set
 
     config = ComplexityConfig(args.model, parse_ints(args.img_sizes, "--img-sizes"), args.output, parse_set(args.set),
                               args.batch_size, args.repeats, args.attention, args.device, args.threads,

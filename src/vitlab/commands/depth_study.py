@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         variant_notes,
     )
     from vitlab.experiments.values import parse_ints
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import parse_set
 
     config = DepthStudyConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants),
                               **study_fields(args), seeds=args.seeds, num_images=args.num_images,

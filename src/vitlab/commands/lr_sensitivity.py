@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         run_lr_sensitivity,
     )
     from vitlab.experiments.values import parse_ints, split_list
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import parse_set
 
     lrs = []
     for text in split_list(args.lrs, "--lrs"):

@@ -178,8 +178,7 @@ def executor_config(args: argparse.Namespace) -> Any:
 def base_run_config(args: argparse.Namespace, **fields: Any) -> Any:
     """A :class:`~vitlab.train.config.RunConfig` from the shared options plus ``fields``."""
     from vitlab.experiments.budget import budget_epochs
-    from vitlab.train.config import NO_AUGMENT, RunConfig, coerce
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import NO_AUGMENT, RunConfig, coerce, parse_set
 
     extra: dict[str, Any] = {}
     for key, value in parse_set(args.run_set, "--run-set").items():

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join(given)} belong(s) to --search optuna; a grid takes --values only")
     from vitlab.commands.options import run_study_command, study_fields
     from vitlab.experiments.sweep import SweepConfig, parse_params, run_sweep, sweep_run_specs
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import parse_set
 
     params = parse_params(args.model, args.param or [], args.values or [])
     config = SweepConfig(args.model, params, **study_fields(args, paired=("param", "values"), run_field="base"),
@@ -122,7 +122,7 @@ def run_search_command(args: argparse.Namespace) -> int:
     from vitlab.commands.options import base_run_config, command_line
     from vitlab.errors import ConfigError
     from vitlab.experiments.search import SearchConfig, import_optuna, parse_search_params, run_search
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import parse_set
 
     import_optuna()
     if args.executor != "local" or (args.workers or 1) > 1:

@@ -128,8 +128,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cli_options(args: argparse.Namespace) -> dict[str, Any]:
     """The run options given on the command line (and in --config), CLI winning, as RunConfig fields."""
-    from vitlab.train.config import NO_AUGMENT, load_yaml
-    from vitlab.train.options import parse_set
+    from vitlab.train.config import NO_AUGMENT, load_yaml, parse_set
 
     given = dict(vars(args))
     for key in ("func", "command", "config", "resume", "verify", "force", "dry_run"):

@@ -72,8 +72,8 @@ def parse_models(text: str) -> list[str]:
 
 def parse_model_sets(items: list[str] | None, models: list[str]) -> dict[str, dict[str, Any]]:
     """``--set [MODEL:]KEY=VALUE`` -> options per model (without MODEL: for every model); ``KEY=VALUE`` read by
-    :func:`vitlab.train.options.parse_set`, as every command's ``--set``."""
-    from vitlab.train.options import parse_set
+    :func:`vitlab.train.config.parse_set`, as every command's ``--set``."""
+    from vitlab.train.config import parse_set
 
     out: dict[str, dict[str, Any]] = {m: {} for m in models}
     for item in items or ():

@@ -7,7 +7,7 @@ A study reads a run back, instead of training it, only when the run's record ver
 2. ``config.json`` is there, recorded in ``manifest.json`` and equal to its SHA-256 there, and so is
    ``model.safetensors`` (:mod:`vitlab.checkpoint.manifest`; ``state.pt`` is checked when a run resumes from it);
 3. the settings in ``config.json`` equal the cell's: every option the study sets, run and model alike, except the
-   result-neutral ones (:data:`vitlab.train.options.RESULT_NEUTRAL`: device, threads, output...).
+   result-neutral ones (:data:`vitlab.train.config.RESULT_NEUTRAL`: device, threads, output...).
 
 Two records carry no manifest, and their settings are compared without a checksum: a run that diverged before its
 first checkpoint has no ``config.json``, and its ``summary.json`` (written by
@@ -82,7 +82,7 @@ def setting_differences(cfg: Any, stored: dict[str, Any], built: dict[str, Any] 
     """The options ``cfg`` sets that differ from ``stored`` (a run config as stored), as ``"key A there, B now"``;
     model options against the options of the model that was built (``built``), when known. The result-neutral
     options and the options ``cfg`` leaves to the recipe (None) do not count."""
-    from vitlab.train.options import RESULT_NEUTRAL
+    from vitlab.train.config import RESULT_NEUTRAL
 
     out = []
     for key, value in cfg.to_dict().items():

@@ -7,7 +7,7 @@ half-way resumes where it stopped when invoked again; a run folder that can be n
 is refused before anything is written. A study ends with :func:`exit_status`: 0 when every run finished,
 :data:`RUNS_FAILED` (3) when some failed, each named in one line. The command-line side (argparse options, the
 run config they make, the command a report shows) is :mod:`vitlab.commands.options`; values given as text are read
-by :mod:`vitlab.train.options`.
+by :mod:`vitlab.train.config`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def changed_options(cfg: Any, run_dir: Path) -> list[str]:
     """The options ``cfg`` sets that differ from those the run in ``run_dir`` was trained with (its ``config.json``,
     which must verify against its manifest: :class:`~vitlab.experiments.record.UnverifiedRun` otherwise): run
     options against the stored run config, model options against the model that was built. The result-neutral
-    options (:data:`vitlab.train.options.RESULT_NEUTRAL`: device, threads, output...) do not count."""
+    options (:data:`vitlab.train.config.RESULT_NEUTRAL`: device, threads, output...) do not count."""
     from vitlab.checkpoint import ModelSpec
     from vitlab.errors import CheckpointError
     from vitlab.experiments.record import UnverifiedRun, setting_differences, verified_config

@@ -33,7 +33,7 @@ from vitlab.errors import ConfigError
 from vitlab.experiments.search_report import OBJECTIVES, write_search
 from vitlab.experiments.sweep import MODEL, param_types
 from vitlab.experiments.values import format_value, unknown_option
-from vitlab.train.options import RESULT_NEUTRAL, coerce_to, parse_value
+from vitlab.train.config import RESULT_NEUTRAL, coerce_to, parse_value
 
 DB = "optuna.db"
 STUDY = "vitlab-search"

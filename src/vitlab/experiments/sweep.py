@@ -4,7 +4,7 @@ seed, then plot test accuracy (mean +- std over seeds) and training time against
 Any :class:`~vitlab.models.ModelConfig` field can be swept (``embed_dim``, ``patch_size``, ``depth``,
 ``num_heads``, ``mlp_ratio``, ``gate``...), and so can the recipe options of
 :class:`~vitlab.train.config.RunConfig` (``lr``, ``batch_size``, ``drop_path``...). Values are parsed to
-the field's type (:mod:`vitlab.train.options`). For ``timm:NAME`` models the values are read as YAML scalars and
+the field's type (:mod:`vitlab.train.config`). For ``timm:NAME`` models the values are read as YAML scalars and
 passed to timm. :func:`run_sweep` runs a whole sweep from a :class:`SweepConfig`.
 """
 
@@ -66,7 +66,7 @@ def param_types(model: str) -> dict[str, tuple[str, Any]]:
 
 def parse_param(model: str, name: str, values: str) -> SweepParam:
     """Resolve ``--param NAME --values V1,V2`` for ``model``; unknown names get the closest valid ones."""
-    from vitlab.train.options import coerce_to, parse_value
+    from vitlab.train.config import coerce_to, parse_value
 
     name = name.strip().replace("-", "_")
     types = param_types(model)

@@ -41,10 +41,9 @@ from vitlab.data.facts import data_facts
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.outputs import check_new_run, check_path
 from vitlab.perf import ThreadPlan, thread_plan
-from vitlab.train.config import RunConfig
+from vitlab.train.config import RESULT_NEUTRAL, RunConfig
 from vitlab.train.distributed import DistContext, check_batch, pick_device
 from vitlab.train.lock import check_free
-from vitlab.train.options import RESULT_NEUTRAL
 from vitlab.train.plan_model import ModelCost, announced_model, measure, resolve_model, width, with_recipe
 from vitlab.train.recipes import default_model, default_recipe, fill
 
