@@ -3,7 +3,7 @@ the data set, the depth grid, seeds, ``--set``, the study folder, ``--dry-run``)
 of every study command (plan or train, report, exit status: :func:`run_study_command`), and the exact command a
 report prints.
 
-The values themselves are parsed by one set of rules, :mod:`vitlab.train.options` (``--set``, ``--run-set``);
+The values themselves are parsed by one set of rules, :mod:`vitlab.train.config` (``--set``, ``--run-set``);
 argparse and the torch-free imports stay here, so that ``vitlab COMMAND --help`` answers without loading torch.
 """
 
@@ -128,7 +128,7 @@ def add_seeds_option(p: argparse.ArgumentParser, per: str, note: str = "") -> No
 
 
 def add_set_option(p: argparse.ArgumentParser, help: str, metavar: str = "KEY=VALUE") -> None:
-    """``--set``: a model option for every run (repeatable), read by :func:`vitlab.train.options.parse_set`."""
+    """``--set``: a model option for every run (repeatable), read by :func:`vitlab.train.config.parse_set`."""
     p.add_argument("--set", action="append", default=None, metavar=metavar, help=help)
 
 
