@@ -145,6 +145,7 @@ def test_markdown_marks_missed_goals_and_lists_runtimes() -> None:
     assert "2 thr, AdamW default" in text
 
 
+@pytest.mark.full  # benchmarks/bench.py in a subprocess
 def test_quick_run_writes_the_table_and_json(tmp_path: Path) -> None:
     proc = _run_bench("--quick", "--rows", "vit_mnist,deepvit_16b", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -173,6 +174,7 @@ def test_quick_run_with_data_parallel_processes(tmp_path: Path) -> None:
     assert rows[0]["vitlab"]["images_per_s"] > 0
 
 
+@pytest.mark.full  # benchmarks/bench.py in a subprocess
 def test_unknown_row_is_one_clear_error(tmp_path: Path) -> None:
     proc = _run_bench("--quick", "--rows", "vit_huge", tmp_path=tmp_path)
     assert proc.returncode == 2
@@ -183,6 +185,7 @@ def test_unknown_row_is_one_clear_error(tmp_path: Path) -> None:
 CPU_TIME = BENCH.parent / "cpu_time.py"
 
 
+@pytest.mark.full  # a benchmark script in a subprocess
 def test_cpu_time_sections_print_their_tables() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(CPU_TIME), "--only", "softmax"], capture_output=True, text=True,
@@ -193,6 +196,7 @@ def test_cpu_time_sections_print_their_tables() -> None:
     assert len(rows) == 2 and all(float(r.split("|")[2]) > 0 for r in rows)
 
 
+@pytest.mark.full  # a benchmark script in a subprocess
 def test_cpu_time_unknown_section_is_one_clear_error() -> None:
     proc = subprocess.run([sys.executable, str(CPU_TIME), "--only", "gleu"], capture_output=True, text=True,
                           timeout=120)

@@ -33,6 +33,7 @@ def layouts(trainer) -> tuple[bool, bool]:
     return all(flags), any(flags)
 
 
+@pytest.mark.full  # two runs of the conv-stem default model
 def test_a_channels_last_run_trains_in_nhwc_and_computes_the_same_numbers(tmp_path) -> None:
     seen: dict[str, tuple[bool, bool]] = {}
     grads: dict[str, dict[str, torch.Tensor]] = {}
@@ -61,6 +62,7 @@ def test_a_channels_last_run_trains_in_nhwc_and_computes_the_same_numbers(tmp_pa
     assert all(p.is_contiguous() for p in model.parameters())
 
 
+@pytest.mark.full  # stop-and-resume against an uninterrupted run
 def test_a_channels_last_run_resumes_bit_exactly(tmp_path) -> None:
     cfg = RunConfig(epochs=2, **STEM, channels_last=True, ema_decay=0.9)
 
@@ -78,6 +80,7 @@ def test_a_channels_last_run_resumes_bit_exactly(tmp_path) -> None:
         assert torch.equal(part["model"][k], v), k
 
 
+@pytest.mark.full  # two runs of the clothing recipe end to end
 def test_the_clothing_recipe_turns_it_on_and_the_flag_turns_it_off(tmp_path) -> None:
     from test_time_to_accuracy_fashion import tiny_fashion
 

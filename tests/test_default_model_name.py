@@ -55,6 +55,7 @@ def default_run(tmp_path_factory) -> tuple[Path, str]:
     return out, train(out)
 
 
+@pytest.mark.full  # the digits default model trained end to end
 def test_no_model_option_trains_the_digits_default_and_timm_loads_it_by_name(tmp_path) -> None:
     run = tmp_path / "run"
     first = train(run, model=None)
@@ -199,6 +200,7 @@ def test_the_clothing_default_is_a_narrow_stem_with_its_own_recipe() -> None:
     assert model.pretrained_cfg["mean"] == (0.286,)  # Fashion-MNIST's statistics, not MNIST's
 
 
+@pytest.mark.full  # runs of the clothing recipe end to end
 def test_the_command_applies_the_clothing_recipe_unless_an_option_says_otherwise(tmp_path) -> None:
     data = tiny_fashion(tmp_path / "fashion")
     common = ["train", "--dataset", "fashion-mnist", "--data-dir", str(data), "--limit-train", "64",

@@ -50,6 +50,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, s
     return rows
 
 
+@pytest.mark.full  # a study on two worker processes
 def test_two_local_workers_give_the_same_table(reference, tmp_path: Path, capsys) -> None:
     assert main([*STUDY, "--workers", "2", "--output", str(tmp_path)]) == 0
     assert table(tmp_path) == reference
@@ -153,6 +154,7 @@ def specs(n: int = 4) -> list[RunSpec]:
     return [RunSpec(f"seed{i}", RunConfig(seed=i, threads=1), {"seed": i}) for i in range(n)]
 
 
+@pytest.mark.full  # worker processes killed and restarted
 def test_a_killed_worker_costs_only_its_run(tmp_path: Path, capsys) -> None:
     pairs = run_all(specs(), tmp_path, trainer=kill_once_trainer, executor=ExecutorConfig(workers=2, retries=1))
     assert [s["final_test_acc"] for _, s in pairs] == [0.5, 0.51, 0.52, 0.53]
@@ -162,6 +164,7 @@ def test_a_killed_worker_costs_only_its_run(tmp_path: Path, capsys) -> None:
     assert os.getpid() not in {s["pid"] for _, s in pairs}  # trained in worker processes
 
 
+@pytest.mark.full  # worker processes killed and restarted
 def test_a_run_that_always_dies_is_reported_failed_and_retried_next_time(tmp_path: Path, capsys) -> None:
     from vitlab.experiments.sweep import parse_params, sweep_specs, write_sweep
 
@@ -224,6 +227,7 @@ save_checkpoint(folder, vitlab.create_model("vit_mnist"), run_config=cfg.to_dict
 """
 
 
+@pytest.mark.full  # a second process holds the run
 def test_a_run_another_process_holds_is_waited_for_not_trained_twice(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(executors, "BUSY_WAIT_S", 0.2)
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "seed1"), "2"], stdout=subprocess.PIPE,
@@ -242,6 +246,7 @@ def test_a_run_another_process_holds_is_waited_for_not_trained_twice(tmp_path: P
     assert (tmp_path / "seed1" / LOCK).read_text().split()[0] == str(holder.pid)  # the holder's pid and host
 
 
+@pytest.mark.full  # two probe processes
 def test_the_lock_is_shared_within_a_process(tmp_path: Path) -> None:
     """A worker's claim and the trainer's own lock of the same folder: one holder, released when both are."""
     outer = RunLock(tmp_path).acquire()
@@ -326,6 +331,7 @@ def test_a_shared_search_storage_leaves_live_trials_of_other_workers_running(tmp
     assert study.get_trials()[0].state == TrialState.FAIL
 
 
+@pytest.mark.full  # waits out Optuna's heartbeat (5 s)
 def test_a_training_trial_beats_its_heartbeat_in_a_shared_storage(tmp_path: Path, monkeypatch) -> None:
     optuna = pytest.importorskip("optuna")
     from optuna.trial import TrialState
@@ -347,6 +353,7 @@ def test_a_training_trial_beats_its_heartbeat_in_a_shared_storage(tmp_path: Path
 
 
 # in CI: 26 s on a quiet 2-core AMD EPYC (four interpreters start), within the suite's budget
+@pytest.mark.full  # scripts/gpu_study.sh end to end (four interpreters)
 def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) -> None:
     """``scripts/gpu_study.sh --smoke``: the CUDA-path checks, train / eval / analyze and the depth study, on the
     CPU with tiny runs; the study's tables land in OUT."""
@@ -365,6 +372,7 @@ def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) 
     assert len(rows) == 2 and all(json.loads(r["run_options"])["lr"] == best[("vit", r["depth"])] for r in rows)
 
 
+@pytest.mark.full  # scripts/gpu_study.sh end to end
 def test_the_gpu_study_script_with_studies_set_empty_runs_the_checks_alone(tmp_path: Path) -> None:
     """``STUDIES= scripts/gpu_study.sh``: the checks and one run, no study (an empty value is not "unset")."""
     env = {**os.environ, "PYTHON": sys.executable, "STUDIES": "", "OUT": str(tmp_path / "depth"),
@@ -395,6 +403,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from Linux's /proc")
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.full  # a 2-worker study killed from outside
 def test_a_study_stopped_from_outside_leaves_no_worker_training(tmp_path: Path, how: signal.Signals) -> None:
     """SIGTERM to the study process stops its workers at a checkpoint (as Ctrl-C does); SIGKILL, which the study
     cannot see, still reaches them (Linux: each worker asks for SIGTERM when its parent dies). Either way no

@@ -212,6 +212,7 @@ def test_timm_reads_the_folder_from_the_hub(hub_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.full  # ONNX and torch.export of four families (onnxruntime)
 def test_onnx_and_pt2_give_pytorchs_logits(family, tmp_path):
     name, overrides = FAMILIES[family]
     model = perturb(vitlab.create_model(name, **overrides)).eval()

@@ -28,6 +28,8 @@ from vitlab.checkpoint import load_model, load_train_state, read_config
 from vitlab.cli import main
 from vitlab.train.logging import read_metrics
 
+pytestmark = pytest.mark.full  # real processes killed and resumed: make test-all (CI)
+
 # 64 images, batch 16: 4 steps per epoch, 3 epochs = 12 steps; checkpoints after steps 3, 4, 6, 8, 9, 12
 TINY = run_args(model="vit_mnist", depth=1, embed_dim=16, num_heads=2, limit_train=64, limit_test=32, epochs=3,
                 batch_size=16, seed=7, progress=False, device="cpu", threads=1, checkpoint_every=3)

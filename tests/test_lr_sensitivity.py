@@ -77,6 +77,7 @@ def _study(tmp, *extra):
             "--output", str(tmp / "study"), *extra]
 
 
+@pytest.mark.full  # an 8-run study end to end
 def test_a_tiny_study_writes_its_tables_from_the_runs_and_reads_them_back(tmp_path, capsys):
     from vitlab.cli import main
 

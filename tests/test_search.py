@@ -44,6 +44,7 @@ def stored_trials(out: Path) -> list:
     return optuna.load_study(study_name="vitlab-search", storage=f"sqlite:///{out / 'optuna.db'}").trials
 
 
+@pytest.mark.full  # a real Optuna search end to end, resumed
 def test_optuna_search_prunes_and_resumes(tmp_path: Path, monkeypatch, capsys):
     out = tmp_path / "search"
     calls = counted_train(monkeypatch)

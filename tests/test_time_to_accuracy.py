@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from _scripts import load_script
@@ -49,6 +50,7 @@ def test_random_affine_keeps_shape_and_moves_pixels():
     assert y.shape == x.shape and not torch.allclose(x, y)
 
 
+@pytest.mark.full  # the benchmark script end to end, both sides
 def test_quick_run_writes_markdown_and_json(tmp_path, capsys):
     assert _module().main(["--quick", "--timm-threads", "1", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "time_to_accuracy.json").read_text())

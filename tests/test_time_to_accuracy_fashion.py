@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import vitlab.train.config as run_config
@@ -92,6 +93,7 @@ def test_clothing_augmentation_flips_or_shifts_whole_pixels():
     assert m.augment is not None and "pad_crop" in m.TIMM_RECIPES["fashion-mnist"]
 
 
+@pytest.mark.full  # the benchmark script end to end, both sides
 def test_quick_fashion_run_writes_markdown_and_json(tmp_path):
     data = tiny_fashion(tmp_path / "fashion")
     out = tmp_path / "out"
@@ -135,6 +137,7 @@ def test_missing_data_dir_names_the_package_and_the_flag(capsys, tmp_path, monke
     assert not list(tmp_path.glob("time_to_accuracy*"))
 
 
+@pytest.mark.full  # the benchmark script end to end, twice
 def test_keep_reuses_the_runs_it_kept_and_refuses_those_of_another_cpu(tmp_path, capsys, monkeypatch):
     """--keep DIR: a second invocation reads the kept runs instead of training them again (a marker written into a
     kept file reaches the report), lists them in the report, and refuses a run kept on another CPU in one line."""

@@ -95,6 +95,7 @@ def tb_events(log_dir: Path):
     return acc
 
 
+@pytest.mark.full  # tracker round trip
 def test_tensorboard_round_trip_with_resume(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.plugins.hparams import plugin_data_pb2
@@ -122,6 +123,7 @@ def test_tensorboard_round_trip_with_resume(tmp_path):
     assert "params/text_summary" in acc.Tags()["tensors"]  # the params as a text table
 
 
+@pytest.mark.full  # tracker round trip
 def test_tensorboard_resume_drops_epochs_logged_after_the_checkpoint(tmp_path):
     pytest.importorskip("tensorboard")
     from vitlab.train.tracking import open_tracker
@@ -139,6 +141,7 @@ def test_tensorboard_resume_drops_epochs_logged_after_the_checkpoint(tmp_path):
                                                    (3, pytest.approx(0.03))]
 
 
+@pytest.mark.full  # tracker round trip
 def test_tensorboard_study_figures_are_images(tmp_path):
     pytest.importorskip("tensorboard")
     out = tmp_path / "sweep"
@@ -177,6 +180,7 @@ def mlflow_runs(uri: str, experiment: str) -> list:
     return client.search_runs([eid])
 
 
+@pytest.mark.full  # tracker round trip
 def test_mlflow_round_trip_with_resume(tmp_path, mlflow_store):
     from mlflow.tracking import MlflowClient
 
@@ -212,6 +216,7 @@ def test_mlflow_round_trip_with_resume(tmp_path, mlflow_store):
     assert len(mlflow_runs(mlflow_store, f"test-{tmp_path.name}")) == 2
 
 
+@pytest.mark.full  # tracker round trip
 def test_sweep_logs_each_run_and_the_study(tmp_path, mlflow_store):
     from mlflow.tracking import MlflowClient
 
@@ -278,6 +283,7 @@ def wandb_run(records: list) -> dict:
     return {"config": config, "history": history, "summary": summary}
 
 
+@pytest.mark.full  # tracker round trip
 def test_wandb_offline_round_trip(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -301,6 +307,7 @@ def test_wandb_offline_round_trip(tmp_path, monkeypatch):
     assert got["summary"]["params"] == summary["params"] and got["summary"]["device"] == "cpu"
 
 
+@pytest.mark.full  # tracker round trip
 def test_wandb_study_logs_its_figures(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
