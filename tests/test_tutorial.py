@@ -1,5 +1,5 @@
 """docs/tutorial.ipynb: committed without outputs, and executed top to bottom in a fresh kernel in under three minutes
-(``pytest -m notebook``, which ``make test-all`` and CI run after ``make test``)."""
+(``pytest -m notebook``; ``make test-all`` and CI run it in their one pytest pass, ``make test`` leaves it out)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def text_of(cell: nbformat.NotebookNode) -> str:
 
 
 @pytest.mark.notebook
+@pytest.mark.xdist_group("ports")  # the kernel binds its ZMQ ports: never beside a Ray head or a rendezvous
 def test_the_tutorial_runs_top_to_bottom(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     seconds = run_notebook(nb, tmp_path, tmp_path / "jupyter")
