@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# every process pytest runs in (each xdist worker of `make test`) computes on one thread from the start: the module-
+# and session-scoped fixtures that train run before the first test's fixture below sets it
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads() -> None:
