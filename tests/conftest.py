@@ -1,4 +1,5 @@
-"""Shared fixtures: every test starts from the same seed on one thread (the CI machine has 2 cores).
+"""Shared fixtures: every test starts from the same seed on one thread (the CI machine has 2 cores); one tiny
+run folder (``trained``) is trained once per session for the tests that read it.
 
 Plain helpers shared by several files (the tiny training run, ``one_line``, ``read_rows``, ``perturb``) are in
 ``_helpers.py``; ``_scripts.py`` loads the scripts of ``scripts/`` and ``benchmarks/``.
