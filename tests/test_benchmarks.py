@@ -241,3 +241,38 @@ def test_the_bf16_lever_runs_the_cpu_step_under_bf16_autocast() -> None:
         assert any(not torch.equal(a, p) for a, p in zip(before, runner.model.parameters()))
         assert ("bf16 autocast" in runner.rt.label()) == bf16
     assert seen == {False: torch.float32, True: torch.bfloat16}
+
+
+@pytest.mark.full  # two fresh processes per side and a git worktree
+def test_first_step_benchmark_times_both_sides_and_states_the_interval(tmp_path: Path) -> None:
+    """benchmarks/first_step.py against HEAD: every sample a positive time from a fresh process importing the side's
+    own source (the probe checks where vitlab came from), a cold and a warm row each with its paired interval, and
+    the baseline's worktree removed afterwards."""
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode != 0:
+        pytest.skip("needs the git repository")
+    before = subprocess.run(["git", "worktree", "list"], cwd=root, capture_output=True, text=True).stdout
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "first_step.py"), "--baseline", "HEAD",
+                           "--repeats", "2", "--out", str(tmp_path), "--", "--model", "vit_mnist", "--depth", "1",
+                           "--embed-dim", "16", "--num-heads", "2", "--dataset", "mnist-5k", "--limit-train", "128",
+                           "--limit-test", "32", "--epochs", "1", "--no-progress"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "first_step.json").read_text())
+    for kind in ("cold", "warm"):
+        samples = result[kind]["samples_s"]
+        assert len(samples["current"]) == len(samples["baseline"]) == 2
+        assert all(0 < t < 120 for side in samples.values() for t in side)
+        low, high = result[kind]["difference_ms"]["ci95"]
+        assert low <= result[kind]["difference_ms"]["mean"] <= high
+    assert "| cold |" in (tmp_path / "first_step.md").read_text()
+    after = subprocess.run(["git", "worktree", "list"], cwd=root, capture_output=True, text=True).stdout
+    assert after == before
+
+
+def test_first_step_benchmark_refuses_an_unknown_revision(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "first_step.py"),
+                           "--baseline", "no-such-revision-xyz", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not a revision" in proc.stderr
+    assert not (tmp_path / "first_step.json").exists()
