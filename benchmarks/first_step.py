@@ -5,13 +5,15 @@ fresh processes of each side, interleaved (A/B, then B/A), the run (process) as 
 What is timed: inside a fresh process, with torch and ``vitlab.cli`` already imported, the time from
 ``vitlab.cli.main(["train", ...])`` to the first call of ``torch.optim.AdamW.step`` (the first batch's forward and
 backward are in it, the same work on both sides); the run stops there. That is everything a run decides and loads
-before it trains: its options, plan, data, model, optimiser and output folder. Two runs per process: ``cold``, the
-process's first (the lazy imports, timm's among them, and the first read of the data set are in it: what one
-``vitlab train`` waits), and ``warm``, a second run in the same process (what each further run of an in-process
-study costs before its first step). The baseline is checked out with
-``git worktree`` into a temporary folder and imported from there; the current side is this working tree.
+before it trains: its options, plan, data, model, optimiser and output folder. Both sides are checked out with
+``git worktree`` into temporary folders (``--current``, default HEAD: commit first) and imported from there, so
+that they differ in their code alone: the developer's own checkout ran its warm runs about 0.2 s slower than a
+worktree of the same commit, in the backward of the first step (measured 2026-11-27, cause not found). Two runs
+per process: ``cold``, the process's first (the lazy imports, timm's among them, and the first read of the data set
+are in it: what one ``vitlab train`` waits), and ``warm``, a second run in the same process (what each further run
+of an in-process study costs before its first step).
 
-    .venv/bin/python benchmarks/first_step.py --baseline 6271d8e^            # ~1 min: 15 pairs
+    .venv/bin/python benchmarks/first_step.py --baseline 6271d8e^            # ~4 min: 15 pairs
     .venv/bin/python benchmarks/first_step.py --baseline HEAD --repeats 2 --out /tmp/x   # smoke test
 
 Prints and writes ``results/first_step.json`` / ``.md``: the median of each side, the mean paired difference with
@@ -93,21 +95,26 @@ def cpu() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, metavar="REV", help="git revision to compare with, e.g. 6271d8e^")
+    p.add_argument("--current", default="HEAD", metavar="REV", help="git revision measured (default HEAD)")
     p.add_argument("--repeats", type=int, default=15, help="pairs of fresh processes (default 15)")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for first_step.json / .md")
     p.add_argument("train", nargs="*", default=TRAIN, help=f"vitlab train options (default: {' '.join(TRAIN)})")
     args = p.parse_args(argv)
     if args.repeats < 2:
         p.error("--repeats must be at least 2 (the interval needs two pairs)")
-    rev = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, capture_output=True, text=True)
-    if rev.returncode != 0:
-        p.error(f"--baseline {args.baseline} is not a revision of this repository: {rev.stderr.strip()}")
-    work = Path(tempfile.mkdtemp(prefix="vitlab-baseline-"))
+    revs = {}
+    for side, name in (("current", args.current), ("baseline", args.baseline)):
+        rev = subprocess.run(["git", "rev-parse", "--short", name], cwd=ROOT, capture_output=True, text=True)
+        if rev.returncode != 0:
+            p.error(f"--{side} {name} is not a revision of this repository: {rev.stderr.strip()}")
+        revs[side] = rev.stdout.strip()
+    trees = {side: Path(tempfile.mkdtemp(prefix=f"vitlab-{side}-")) for side in revs}
     try:
-        subprocess.run(["git", "worktree", "add", "--detach", str(work), rev.stdout.strip()], cwd=ROOT, check=True,
-                       capture_output=True)
-        sides = {"current": ROOT / "src", "baseline": work / "src"}
-        for src in sides.values():  # warm the file cache and .pyc-free imports once per side
+        for side, tree in trees.items():
+            subprocess.run(["git", "worktree", "add", "--detach", str(tree), revs[side]], cwd=ROOT, check=True,
+                           capture_output=True)
+        sides = {side: tree / "src" for side, tree in trees.items()}
+        for src in sides.values():  # warm the file cache once per side
             sample(src, args.train)
         times: dict[str, dict[str, list[float]]] = {k: {kind: [] for kind in KINDS} for k in sides}
         for i in range(args.repeats):
@@ -116,14 +123,17 @@ def main(argv: list[str] | None = None) -> int:
                 for kind, t in sample(sides[side], args.train).items():
                     times[side][kind].append(t)
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=ROOT, capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+        for tree in trees.values():
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+            shutil.rmtree(tree, ignore_errors=True)
 
     from vitlab.experiments.stats import paired_t
 
-    result = {"baseline": args.baseline, "baseline_commit": rev.stdout.strip(), "train": args.train,
+    result = {"current": args.current, "current_commit": revs["current"], "baseline": args.baseline,
+              "baseline_commit": revs["baseline"], "train": args.train,
               "repeats": args.repeats, "cpu": cpu(), "cores": os.cpu_count(), "python": platform.python_version()}
-    md = (f"# Time to the first step: current against {args.baseline} ({rev.stdout.strip()})\n\n"
+    md = (f"# Time to the first step: {args.current} ({revs['current']}) against {args.baseline} "
+          f"({revs['baseline']})\n\n"
           f"`vitlab train {' '.join(args.train)}`, {args.repeats} interleaved pairs of fresh processes, {cpu()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}. cold: a process's first run; warm: its "
           "second.\n\n| run | current median ms | baseline median ms | current - baseline, mean ms | 95 % CI | p |\n"
