@@ -197,13 +197,14 @@ def run_dirs(arm: str, runs: Path = RUNS) -> list[Path]:
     if arm.endswith("@best"):
         study, prefix = arm[: -len("@best")].split("/", 1)
         return run_dirs(f"{study}/{prefix}_lr{best_lr(runs / study, prefix):g}", runs)
+    from vitlab.errors import DataError
+    from vitlab.experiments.verdict import run_folders
+
     study, prefix = arm.split("/", 1)
-    pattern = re.compile(rf"{re.escape(prefix)}_seed=?\d+")
-    folder = runs / study  # absent until a study's first run is kept: no runs yet
-    found = sorted(p for p in folder.glob("*") if pattern.fullmatch(p.name) and (p / "summary.json").is_file())
-    if not found:
-        raise NoRuns(f"no finished run {prefix}_seed* under {runs / study}")
-    return found
+    try:  # the rule of `vitlab verdict STUDY/PREFIX`; a study none of whose runs is kept yet has no runs
+        return run_folders(runs / study / prefix)
+    except DataError as exc:
+        raise NoRuns(str(exc)) from None
 
 
 def _lr_runs(study: Path, prefix: str) -> dict[float, dict[int, float]]:
