@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,20 @@ def capped_loss(row: dict[str, Any], l0: float) -> float:
     return min(float(loss), l0)
 
 
-def lr_sensitivity(curve: dict[float, float]) -> float:
-    """The LR sensitivity of one loss-against-rate curve ``{lr: capped loss}`` (one seed over the whole grid): the
-    mean over the grid of ``L(lr) - min_lr L(lr)``."""
-    losses = list(curve.values())
-    return sum(losses) / len(losses) - min(losses)
+def lr_sensitivity(curve: dict[float, float], grid: Iterable[float] | None = None) -> float:
+    """The LR sensitivity of one loss-against-rate curve ``{lr: capped loss}`` (one seed): the mean over ``grid``
+    of ``L(lr) - min_lr L(lr)``, where the minimum is over the whole curve.
+
+    ``grid`` is the rates every cell of a study shares (the ``--lrs`` it was given; default: all of ``curve``'s);
+    ``curve`` may hold more, the rates added beyond the grid's edge to bracket a cell's optimum. So the mean is over
+    one range for every cell (sensitivities of two cells compare), and the reference is the cell's own best loss,
+    not a truncated grid's edge."""
+    rates = list(curve) if grid is None else list(grid)
+    missing = [lr for lr in rates if lr not in curve]
+    if missing:
+        raise ValueError(f"the curve has no loss at learning rate(s) {missing} of the grid")
+    best = min(curve.values())
+    return sum(curve[lr] for lr in rates) / len(rates) - best
 
 
 def seed_sensitivities(rows: list[dict[str, Any]], l0: float, lrs: list[float]) -> dict[tuple, dict[int, float]]:
