@@ -34,6 +34,12 @@ def register(subparsers: Any) -> None:
     add_depth_grid_options(p, default_variants=DEFAULT_VARIANTS, depths_example="6,12,24,48", lrs=True,
                            variants_help=f"variants of `vitlab depth-study` (default {DEFAULT_VARIANTS})")
     add_seeds_option(p, "variant, depth and learning rate", "; a later invocation with more adds the rest")
+    p.add_argument("--bracket", type=int, default=0, metavar="N",
+                   help="after the grid's runs, a variant and depth whose best rate is the lowest (highest) of its "
+                        "rates also trains, for every seed, the next rate beyond that edge (the edge divided "
+                        "(multiplied) by the grid's step there), until its best rate is interior or N rates were "
+                        "added on that side (default 0: the grid alone). The sensitivity stays a mean over --lrs, "
+                        "its minimum over every rate; the same command resumes")
     add_probe_images_option(p, "training images the per-layer attention logits are measured on after every epoch "
                                "(default 64)")
     add_set_option(p, "model option for every variant (repeatable), not one the variants set")
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.experiments.lr_sensitivity import (
         LRSensitivityConfig,
         check_lr_sensitivity,
-        lr_run_specs,
+        planned_runs,
         run_lr_sensitivity,
     )
     from vitlab.experiments.values import parse_ints, split_list
@@ -65,21 +71,41 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--lrs: {text!r} is not a number; pass e.g. --lrs 3e-4,7e-4,2e-3,5e-3,1e-2") from None
     config = LRSensitivityConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants), lrs,
                                  **study_fields(args), seeds=args.seeds, shared=parse_set(args.set),
-                                 probe_images=args.probe_images)
+                                 probe_images=args.probe_images, bracket=args.bracket)
     check_lr_sensitivity(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)
-    return run_study_command(args, config, plan=lr_run_specs, train=run_lr_sensitivity, report=report_lines,
-                             title="lr sensitivity")
+    later: list[str] = []  # a dry run's lines on the rates decided after the grid's runs
+
+    def plan(config: LRSensitivityConfig) -> list:
+        specs, lines = planned_runs(config)
+        later.extend(lines)
+        return specs
+
+    status = run_study_command(args, config, plan=plan, train=run_lr_sensitivity, report=report_lines,
+                               title="lr sensitivity")
+    for line in later:
+        print(line)
+    return status
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
-    """What ``vitlab lr-sensitivity`` prints of a finished study: a line per variant and depth, the files
-    written."""
+    """What ``vitlab lr-sensitivity`` prints of a finished study: a line per variant and depth (with whether its
+    best rate is bracketed, and if not why no rate was added beyond it), the files written."""
+    notes = result.get("notes", {})
     lines = [f"{s['variant']:<10} depth {s['depth']:>3}: best lr {s['best_lr']:g} (validation loss "
              f"{s['best_val_loss']:.3f}, test accuracy {100 * s['test_acc_at_best_lr']:.2f}%), LR sensitivity "
              f"{s['lr_sensitivity']:.3f}, diverged {100 * s['divergence_rate']:.0f}% of {s['runs']} runs, "
-             f"max attention logit {s['max_logit']:.3g}" for s in result["sensitivity"]]
+             f"max attention logit {s['max_logit']:.3g}; {_bracket_words(s, notes.get((s['variant'], s['depth'])))}"
+             for s in result["sensitivity"]]
     lines.append(f"wrote results.csv, summary.csv, sensitivity.csv, logits.csv, {', '.join(result['figures'])}, "
                  f"index.html to {result['out']}")
     return lines
+
+
+def _bracket_words(row: dict[str, Any], note: str | None) -> str:
+    """Whether a cell's best rate is interior of its rates ``lr_low..lr_high``, and if not why it stayed so."""
+    span = f"{row['lr_low']:g}..{row['lr_high']:g}"
+    if row["bracketed"]:
+        return f"bracketed (interior of {span})"
+    return f"not bracketed: on the edge of {span}" + (f" ({note})" if note else "")

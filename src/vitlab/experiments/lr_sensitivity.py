@@ -11,6 +11,14 @@ grid (equal steps in log learning rate). A (variant, depth) reports the mean ove
 sensitivity: the seed is the unit, so the findings page's verdicts compare exactly these per-seed values. Lower is
 better: a variant that trains at every learning rate scores near 0.
 
+Bracketing (``--bracket N``, :func:`next_rate`): a cell whose best rate is the lowest or highest of its rates may
+have its optimum beyond the grid. After the grid's runs, such a cell gets the next rate beyond that edge (the edge
+divided or multiplied by the grid's own step there), for all its seeds, until its best rate is interior, ``N``
+rates were added on that side, or the next rate is not one a run can train at. The expectation stays over the
+shared grid (``--lrs``: every cell's sensitivity is a mean over one range), the minimum is over the cell's whole
+curve. The rates a study adds follow from its finished runs alone, so the same command re-derives them and resumes;
+an invocation without ``--bracket`` plans (and tabulates) the grid alone.
+
 Nothing is chosen on the test set: the best learning rate is the one with the lowest validation loss, and the
 test accuracy is reported at it.
 """
@@ -19,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,12 +122,18 @@ def lr_sensitivity(curve: dict[float, float], grid: Iterable[float] | None = Non
 
 
 def seed_sensitivities(rows: list[dict[str, Any]], l0: float, lrs: list[float]) -> dict[tuple, dict[int, float]]:
-    """``{(variant, depth): {seed: sensitivity}}`` for every seed that finished every learning rate of ``lrs``."""
+    """``{(variant, depth): {seed: sensitivity}}``: :func:`lr_sensitivity` with ``grid=lrs`` (the study's shared
+    rates) for every seed that finished every rate of ``lrs`` and of its cell's whole curve (every rate a run of the
+    cell in ``rows`` has, failed or not: the rates added beyond the grid's edge too)."""
     curves: dict[tuple, dict[int, dict[float, float]]] = {}
+    rates: dict[tuple, set[float]] = {}
     for r in rows:
+        key = (r["variant"], r["depth"])
+        rates.setdefault(key, set()).add(r["lr"])
         if not r.get("failed"):
-            curves.setdefault((r["variant"], r["depth"]), {}).setdefault(r["seed"], {})[r["lr"]] = capped_loss(r, l0)
-    return {key: {seed: lr_sensitivity(c) for seed, c in sorted(by_seed.items()) if set(c) >= set(lrs)}
+            curves.setdefault(key, {}).setdefault(r["seed"], {})[r["lr"]] = capped_loss(r, l0)
+    return {key: {seed: lr_sensitivity(c, lrs) for seed, c in sorted(by_seed.items())
+                  if set(c) >= set(lrs) | rates[key]}
             for key, by_seed in curves.items()}
 
 
@@ -144,29 +158,111 @@ def lr_table(rows: list[dict[str, Any]], l0: float) -> list[dict[str, Any]]:
 
 def sensitivity(lr_rows: list[dict[str, Any]], lrs: list[float],
                 per_seed: dict[tuple, dict[int, float]]) -> list[dict[str, Any]]:
-    """sensitivity.csv: per variant and depth, the best learning rate (lowest mean capped validation loss), its
-    loss, validation and test accuracy, the LR sensitivity over the grid (the mean over seeds of each seed's
-    :func:`lr_sensitivity`, ``per_seed`` from :func:`seed_sensitivities`), the share of runs that diverged, and the
-    largest attention logit of any run. A (variant, depth) with no seed that finished every learning rate of the
-    grid (runs not finished yet) gets NaN sensitivity: the mean would be over another range."""
+    """sensitivity.csv: per variant and depth, the range of its rates (``lr_low``, ``lr_high``: the grid and any
+    rate added beyond its edge), the best learning rate over them (lowest mean capped validation loss, ties to the
+    lower rate), whether it is ``bracketed`` (interior: a rate on either side is worse), its loss, validation and
+    test accuracy, the LR sensitivity over the grid (the mean over seeds of each seed's :func:`lr_sensitivity`,
+    ``per_seed`` from :func:`seed_sensitivities`), the share of runs that diverged, and the largest attention logit
+    of any run. A (variant, depth) with no seed that finished every learning rate of its curve (runs not finished
+    yet) gets NaN sensitivity: the mean would be over another range."""
     groups: dict[tuple, list[dict]] = {}
     for a in lr_rows:
         groups.setdefault((a["variant"], a["depth"]), []).append(a)
     out = []
     for (variant, depth), members in groups.items():
         best = min(members, key=lambda a: (a["capped_loss_mean"], a["lr"]))
+        low, high = min(a["lr"] for a in members), max(a["lr"] for a in members)
         seeds = per_seed.get((variant, depth), {})
         runs = sum(a["n"] for a in members)
         logits = [a["max_logit_mean"] for a in members if _finite(a["max_logit_mean"])]
         out.append({
-            "variant": variant, "depth": depth, "lrs": len(members), "runs": runs,
-            "best_lr": best["lr"], "best_val_loss": best["capped_loss_mean"],
+            "variant": variant, "depth": depth, "lrs": len(members), "lr_low": low, "lr_high": high, "runs": runs,
+            "best_lr": best["lr"], "bracketed": low < best["lr"] < high, "best_val_loss": best["capped_loss_mean"],
             "best_val_acc": best["val_acc_mean"], "test_acc_at_best_lr": best["test_acc_mean"],
             "lr_sensitivity": sum(seeds.values()) / len(seeds) if seeds else math.nan,
             "divergence_rate": sum(a["diverged"] for a in members) / runs if runs else math.nan,
             "max_logit": max(logits) if logits else math.nan,
         })
     return sorted(out, key=lambda a: (a["variant"], a["depth"]))
+
+
+def clean_rate(lr: float) -> float:
+    """A rate rounded to 6 significant digits (as :func:`lr_name` writes it), so that a rate computed as the edge
+    times the grid's step names the same run folder in every invocation."""
+    return float(f"{lr:.6g}")
+
+
+def cell_curves(rows: list[dict[str, Any]], l0: float, seeds: Iterable[int]) -> dict[tuple, dict[float, float] | None]:
+    """``{(variant, depth): {lr: mean capped loss over seeds}}`` per cell of ``rows`` (results.csv's rows: variant,
+    depth, lr, seed, val_loss, diverged, failed); None for a cell where some seed of ``seeds`` has not finished some
+    rate of the cell (a failed run, or one not read back): its best rate is not settled yet."""
+    seeds = set(seeds)
+    losses: dict[tuple, dict[float, dict[int, float]]] = {}
+    for r in rows:
+        at = losses.setdefault((r["variant"], r["depth"]), {}).setdefault(r["lr"], {})
+        if not r.get("failed"):
+            at[r["seed"]] = capped_loss(r, l0)
+    return {key: ({lr: sum(by_seed.values()) / len(by_seed) for lr, by_seed in curve.items()}
+                  if all(set(by_seed) >= seeds for by_seed in curve.values()) else None)
+            for key, curve in losses.items()}
+
+
+def next_rate(curve: dict[float, float], grid: Iterable[float], limit: int,
+              check: Callable[[float], None] | None = None) -> tuple[float | None, str]:
+    """The extension rule of ``--bracket limit`` for one cell: ``(rate to add, "")``, or ``(None, why not)``.
+
+    ``curve`` is the cell's mean capped loss per rate (every seed finished every rate), ``grid`` the study's shared
+    rates. The best rate is the lowest loss, ties to the lower rate. When it is the lowest (highest) of the curve,
+    the next rate is that edge divided (multiplied) by the grid's own step at that edge, ``r2 / r1`` (``rn /
+    r(n-1)``), rounded by :func:`clean_rate`; none when the best is interior, when ``limit`` rates beyond the grid
+    are already on that side, or when ``check(rate)`` (the run config's validation) raises :class:`ConfigError`."""
+    grid = sorted(grid)
+    rates = sorted(curve)
+    best = min(rates, key=lambda lr: (curve[lr], lr))
+    if rates[0] < best < rates[-1]:
+        return None, ""
+    if best == rates[0]:
+        side, added, edge = "low", sum(lr < grid[0] for lr in rates), rates[0]
+        step = grid[1] / grid[0]
+        rate = clean_rate(edge / step)
+    else:
+        side, added, edge = "high", sum(lr > grid[-1] for lr in rates), rates[-1]
+        step = grid[-1] / grid[-2]
+        rate = clean_rate(edge * step)
+    where = f"best rate {best:g} is the {'lowest' if side == 'low' else 'highest'} of its rates"
+    if added >= limit:
+        return None, (f"{where}; --bracket {limit} adds no further rate on that side" if limit else
+                      f"{where}; --bracket N adds rates beyond it")
+    if rate in curve or rate == edge:
+        return None, f"{where}; the grid's step {step:g} rounds the next rate back onto {edge:g}"
+    try:
+        if check is not None:
+            check(rate)
+    except ConfigError as exc:
+        return None, f"{where}; the next rate {rate:g} is not one a run can train at ({str(exc).split('; ')[0]})"
+    return rate, ""
+
+
+UNFINISHED = "not every run of its rates finished, so no rate was added beyond them"
+
+
+def extensions(rows: list[dict[str, Any]], l0: float, grid: Iterable[float], seeds: Iterable[int], limit: int,
+               check: Callable[[float], None] | None = None) -> tuple[list[tuple[str, int, float]], dict[tuple, str]]:
+    """One round of ``--bracket limit`` over every cell of ``rows``: the ``(variant, depth, rate)`` to add (for
+    every seed of the cell), and per cell not extended now a note: why it stops (:func:`next_rate`; empty when its
+    best rate is interior), or that a run of it has not finished."""
+    grid = sorted(grid)
+    adds, notes = [], {}
+    for key, curve in sorted(cell_curves(rows, l0, seeds).items()):
+        if curve is None:
+            notes[key] = UNFINISHED
+            continue
+        rate, why = next_rate(curve, grid, limit, check)
+        if rate is None:
+            notes[key] = why
+        else:
+            adds.append((*key, rate))
+    return adds, notes
 
 
 @dataclass
@@ -186,6 +282,7 @@ class LRSensitivityConfig:
     executor: Any = None
     probe_images: int = 64
     force: bool = False
+    bracket: int = 0  # rates a cell may add beyond each edge of the grid while its best rate is on that edge
 
 
 def check_lr_sensitivity(config: LRSensitivityConfig) -> None:
@@ -204,6 +301,8 @@ def check_lr_sensitivity(config: LRSensitivityConfig) -> None:
         raise ConfigError(f"--lrs repeats a value: {config.lrs}; give each learning rate once")
     for lr in config.lrs:
         config.run.replace(lr=lr).validate()  # an impossible rate is refused before any run trains
+    if config.bracket < 0:
+        raise ConfigError(f"--bracket must be >= 0 (rates added beyond each edge of the grid), got {config.bracket}")
     if not config.probe_images:
         raise ConfigError("--probe-images 0 would record no attention logit over training; pass --probe-images N "
                           "(e.g. 64)")
@@ -213,32 +312,125 @@ def check_lr_sensitivity(config: LRSensitivityConfig) -> None:
 
 
 def lr_run_specs(config: LRSensitivityConfig) -> list[RunSpec]:
-    """The runs of ``config``, checked (what ``--dry-run`` plans and :func:`run_lr_sensitivity` trains)."""
+    """The grid's runs of ``config``, checked (what :func:`run_lr_sensitivity` trains first; ``--dry-run`` plans
+    these and the rates :func:`planned_runs` adds)."""
     check_lr_sensitivity(config)
     cfg = config.run.replace(probe_images=config.probe_images)
     return lr_specs(config.base, sorted(config.depths), config.variants, sorted(config.lrs),
                     list(range(config.seeds)), cfg, config.shared)
 
 
+Pairs = list[tuple[RunSpec, dict]]
+
+
+def _loss_row(spec: RunSpec, summary: dict) -> dict[str, Any]:
+    """What the extension rule reads of a run: its cell, rate, seed, final validation loss, diverged, failed."""
+    return {**{k: spec.info[k] for k in ("variant", "depth", "lr", "seed")},
+            "val_loss": summary_value(summary, "final_val_loss"), "diverged": diverged(summary),
+            "failed": failed(summary)}
+
+
+def bracket_rounds(config: LRSensitivityConfig, pairs: Pairs, l0: float,
+                   read: Callable[[list[RunSpec]], Pairs]) -> tuple[list[RunSpec], Pairs, dict[tuple, str]]:
+    """``--bracket``'s rounds after the grid's ``pairs``: each round :func:`extensions` of every run read so far,
+    the new runs handed to ``read`` (which trains or reads back those it can and returns their pairs), until a round
+    adds no run not planned before (every cell settled; a rate a run of which did not finish stops its cell).
+    Returns the runs planned beyond the grid, every pair, and the last round's note per cell."""
+    cfg = config.run.replace(probe_images=config.probe_images)
+    seeds = list(range(config.seeds))
+    planned = {spec.name for spec, _ in pairs}
+    added: list[RunSpec] = []
+    pairs = list(pairs)
+    while True:
+        adds, notes = extensions([_loss_row(s, summary) for s, summary in pairs], l0, config.lrs, seeds,
+                                 config.bracket, lambda lr: config.run.replace(lr=lr).validate())
+        new = [spec for variant, depth, lr in adds
+               for spec in lr_specs(config.base, [depth], [variant], [lr], seeds, cfg, config.shared)
+               if spec.name not in planned]
+        if not new:
+            return added, pairs, notes
+        planned.update(spec.name for spec in new)
+        added += new
+        pairs += read(new)
+
+
+def planned_runs(config: LRSensitivityConfig) -> tuple[list[RunSpec], list[str]]:
+    """What ``--dry-run`` plans: the grid's runs, then (``--bracket N``) the runs beyond the grid's edge that the
+    finished runs in ``config.output`` already determine; and the lines that say what is decided later. Reads the
+    folder, writes nothing."""
+    from vitlab.experiments.record import finished_run
+
+    specs = lr_run_specs(config)
+    if not config.bracket:
+        return specs, []
+    out = Path(config.output).expanduser()
+
+    def read(new: list[RunSpec]) -> Pairs:
+        found = [(spec, finished_run(out / spec.name, spec.config)) for spec in new]
+        return [(spec, summary) for spec, summary in found if summary is not None]
+
+    pairs = read(specs)
+    added: list[RunSpec] = []
+    notes: dict[tuple, str] = {}
+    if pairs:
+        l0 = math.log(_num_classes(config.run.dataset, out, pairs))
+        added, pairs, notes = bracket_rounds(config, pairs, l0, read)
+    cells = len(config.variants) * len(config.depths)
+    open_cells = cells - sum(1 for note in notes.values() if note != UNFINISHED)  # the rest: runs still to finish
+    lines = [f"lr sensitivity --bracket {config.bracket}: {len(added)} run(s) beyond the grid's edge follow from "
+             f"the finished runs (listed above)"]
+    if open_cells:
+        lines.append(f"lr sensitivity --bracket {config.bracket}: further rates are decided only after the grid's "
+                     f"runs finish: {open_cells} of {cells} cells may each add up to {config.bracket} rate(s) beyond "
+                     "the edge where their best rate lies")
+    else:
+        lines.append(f"lr sensitivity --bracket {config.bracket}: every cell's rates are settled")
+    return [*specs, *added], lines
+
+
 def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
-    """Train (or read back) every run and write results.csv, summary.csv, sensitivity.csv, logits.csv, the figures,
-    summary.json and index.html into ``config.output``."""
+    """Train (or read back) every run of the grid, then (``--bracket N``) the rates :func:`bracket_rounds` adds
+    beyond its edges, and write results.csv, summary.csv, sensitivity.csv, logits.csv, the figures, summary.json
+    and index.html into ``config.output``. Returns those tables, the pairs, and ``notes``: per cell whose best rate
+    is not interior, why no further rate was added."""
+    import sys
+
+    from vitlab.experiments.record import finished_run
     from vitlab.experiments.runs import run_study
 
     specs = lr_run_specs(config)
     depths, lrs = sorted(config.depths), sorted(config.lrs)
     cfg = config.run.replace(probe_images=config.probe_images)
-    out, pairs = run_study(specs, config.output, "lr-sensitivity", force=config.force, command=config.command,
-                           title="lr sensitivity", finished_only=config.finished_only, executor=config.executor)
+    options = {"force": config.force, "command": config.command, "title": "lr sensitivity",
+               "finished_only": config.finished_only, "executor": config.executor}
+    out, pairs = run_study(specs, config.output, "lr-sensitivity", **options)
+    l0 = math.log(_num_classes(cfg.dataset, out, pairs))
+
+    def read(new: list[RunSpec]) -> Pairs:
+        if config.finished_only:
+            new = [spec for spec in new if finished_run(out / spec.name, spec.config) is not None]
+        if not new:
+            return []
+        cells = sorted({f"{s.info['variant']} at depth {s.info['depth']} at lr {lr_name(s.info['lr'])}" for s in new})
+        print(f"lr sensitivity --bracket {config.bracket}: best rate on the edge of its rates; "
+              f"{'reading back' if config.finished_only else 'adding'} {len(new)} run(s) beyond it: "
+              f"{', '.join(cells)}", file=sys.stderr, flush=True)
+        return run_study(new, out, "lr-sensitivity", **options)[1]
+
+    notes: dict[tuple, str] = {}
+    if config.bracket:
+        _, pairs, notes = bracket_rounds(config, pairs, l0, read)
     rows, logits = [], []
     for spec, summary in pairs:
         row, layers = result_row(spec, summary, out / spec.name)
         rows.append(row)
         logits += layers
-    l0 = math.log(_num_classes(cfg.dataset, out, pairs))
     meta = {"base": config.base, "dataset": cfg.dataset, "depths": depths, "variants": config.variants, "lrs": lrs,
-            "seeds": config.seeds, "uniform_loss": l0, "run_config": cfg.to_dict()}
-    return {**write_study(out, rows, logits, meta, command=config.command), "out": out, "pairs": pairs}
+            "bracket": config.bracket, "seeds": config.seeds, "uniform_loss": l0, "run_config": cfg.to_dict()}
+    result = write_study(out, rows, logits, meta, command=config.command)
+    if not config.bracket:
+        _, notes = extensions(rows, l0, lrs, range(config.seeds), 0)
+    return {**result, "out": out, "pairs": pairs, "notes": notes}
 
 
 def _num_classes(dataset: str, out: Path, pairs: list[tuple[RunSpec, dict]]) -> int:

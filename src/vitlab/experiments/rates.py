@@ -1,9 +1,11 @@
 """The learning rate a finished ``vitlab lr-sensitivity`` study chose for each variant and depth (on validation loss),
-read back from its ``sensitivity.csv`` for ``vitlab depth-study --lr-from``."""
+read back from its ``sensitivity.csv`` for ``vitlab depth-study --lr-from``, with a warning for each rate on the edge
+of its cell's rates (``bracketed`` False: the optimum may lie beyond them)."""
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 from vitlab.checkpoint.textfiles import read_csv
@@ -22,7 +24,11 @@ def best_rates(path: str | Path) -> dict[tuple[str, int], float]:
     grid's), a rate no run could train at (not finite, not in the range ``--lr`` allows), a depth that is not a
     positive integer, two rows for one variant and depth; and, from
     :func:`vitlab.checkpoint.textfiles.read_csv`, a file that is not a UTF-8 CSV table of at most 16 MiB with
-    these columns."""
+    these columns.
+
+    A file with a ``bracketed`` column (``vitlab lr-sensitivity`` writes one) gets one warning line on stderr per row
+    whose best rate is on the edge of its rates (``False``), naming the fix (``--bracket``); the rate is still
+    used. A file without the column is read as before, silently."""
     from vitlab.train.config import LIMITS
 
     file = Path(path)
@@ -34,6 +40,7 @@ def best_rates(path: str | Path) -> dict[tuple[str, int], float]:
     low, high, interval, why = LIMITS["lr"]
     out: dict[tuple[str, int], float] = {}
     lines: dict[tuple[str, int], int] = {}
+    edges: list[str] = []
     for line, r in read_csv(file, name=name, fix=FIX, columns=COLUMNS, error=ConfigError):
         at = f"{name} line {line}"
         variant = r["variant"].strip()
@@ -66,4 +73,9 @@ def best_rates(path: str | Path) -> dict[tuple[str, int], float]:
                               f"rate a run can train at (a number in {interval}: {why}); rerun that study, or correct "
                               f"the row")
         out[key] = lr
+        if (r.get("bracketed") or "").strip().lower() == "false":
+            edges.append(f"vitlab: {at}: {variant} at depth {depth}: best rate {lr:g} is on the edge of its grid; "
+                         f"the optimum may lie beyond it: rerun the lr-sensitivity study with --bracket 2")
+    for warning in edges:  # once every row is accepted: a refused file prints its refusal alone
+        print(warning, file=sys.stderr, flush=True)
     return out
