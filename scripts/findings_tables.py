@@ -3,7 +3,8 @@
 Every table of the page follows a marker comment naming its CSV (relative to ``docs/``) and one line per column,
 ``HEADER | TEMPLATE``; the template is text with ``{column}`` or ``{column:spec}`` fields of that CSV
 (``spec``: Python's format spec), a field may be scaled, ``{memory_bytes/1048576:.1f}`` or ``{test_acc*100:.2f}``.
-An optional ``where: column=value[, column!=value]`` line keeps the matching rows only::
+An optional ``where: column=value[, column!=value ...]`` line keeps the rows that meet every condition (a column
+may have several, ``verdict!=undecided, verdict!=pending``)::
 
     <!-- table: results/complexity/fits.csv
     quantity | {label}
@@ -132,12 +133,12 @@ def table_source(spec: str) -> str:
 def render_table(spec: str, docs: Path) -> str:
     """The markdown table (or the pending line) a table marker's spec gives for the CSV under ``docs``."""
     lines = [line.strip() for line in spec.strip().split("\n")]
-    source, columns, where = lines[0], [], {}
+    source, columns, where = lines[0], [], []
     for line in lines[1:]:
         if line.startswith("where:"):
             for cond in line[len("where:"):].split(","):
                 key, _, value = cond.strip().partition("=")
-                where[key.strip()] = value.strip()  # "column!" (from column!=value): keep rows that differ
+                where.append((key.strip(), value.strip()))  # "column!" (column!=value): keep rows that differ
         elif line:
             header, sep, template = line.partition(" | ")
             if not sep:
@@ -148,7 +149,7 @@ def render_table(spec: str, docs: Path) -> str:
         return f"_Not yet run: no docs/{source} yet; the command above writes it._\n"
     with path.open(newline="") as f:
         rows = [r for r in csv.DictReader(f)
-                if all((r.get(k[:-1]) != v) if k.endswith("!") else (r.get(k) == v) for k, v in where.items())]
+                if all((r.get(k[:-1]) != v) if k.endswith("!") else (r.get(k) == v) for k, v in where)]
     if not rows:
         raise ValueError(f"docs/{source} has no row matching {where}")
     out = ["| " + " | ".join(h for h, _ in columns) + " |",

@@ -16,9 +16,13 @@ are one family: Benjamini-Hochberg q-values and false-coverage-rate adjusted int
   q at most 0.05, contradicted when its adjusted interval lies wholly below -m.
 
 An arm written ``STUDY/PREFIX@best`` is the learning rate whose runs have the lowest mean final validation loss
-(never chosen on the test set); the ``lr_sens`` measure is each seed's LR sensitivity over the whole grid
-(:func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`, the study's own definition). Arms with one run so far
-get their effect and *undecided*, no interval. ``runs_to_decide`` is the runs per arm at which the MDE, at the
+(never chosen on the test set); the ``lr_sens`` measure is each seed's LR sensitivity over the study's shared grid
+(:func:`lr_sensitivities`; :func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`, the study's own definition).
+Arms with one run so far get their effect and *undecided*, no interval. A claim that names the runs its design plans
+per arm (``Claim.runs``, section 10) is *pending* until both arms have finished them: no effect, interval or p-value
+from an unfinished phase, so the family's correction leaves it out; its ``seeds`` cell shows the runs finished per
+arm (``2/5``; ``0/0`` before any). Section 10's drop-path controls are run for the best arm, chosen on validation
+accuracy once phase 2 ends (:func:`best_arm`). ``runs_to_decide`` is the runs per arm at which the MDE, at the
 spread measured, would reach the observed effect (for equivalence: half the margin), at alpha 0.05 for that claim
 alone; ``> 50`` when even 50 would not.
 
@@ -36,7 +40,7 @@ import re
 import statistics
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vitlab.experiments import stats, verdict
@@ -66,6 +70,7 @@ class Claim:
     measure: str = "acc"  # acc | max_logit | cv_attn | cv_mlp | lr_sens (b - a: lower is the claim) | similar_share
     margin: float = 0.0  # > 0: an "as good as" claim, TOST within this margin
     noninferior: bool = False  # with a margin: "no worse than" (a one-sided claim): the rule on the interval + margin
+    runs: int = 0  # > 0: the runs per arm the design plans; until both arms have finished them the claim is pending
 
     @property
     def part(self) -> str:
@@ -188,7 +193,56 @@ CLAIMS = (
     Claim("fashion-vit-12-24", "8", "the plain ViT saturates with depth: 24 blocks fall short of 12 on Fashion-MNIST",
           "depth_fashion/vit_depth12", "depth_fashion/vit_depth24"),
 )
-LATE_SECTIONS = ("7", "8")  # studies that may still be running: an arm without runs reads "not run yet"
+
+
+# Section 10, the rate x depth study at the recipe's budget: phase 1 (depth_budget_grid: every arm and depth at every
+# rate, seed 0; vit and qknorm also at seeds 1-2) and phase 2 (depth_budget: each cell at its best rate, 5 seeds),
+# then the controls. A claim is pending until both its arms have the runs the design plans (Claim.runs).
+BUDGET_ARMS = ("vit", "qknorm", "layerscale", "cait", "deepvit")
+BUDGET_NAMES = {"vit": ("vit", "the plain ViT"), "qknorm": ("qk", "QK-layernorm"),
+                "layerscale": ("ls", "LayerScale"), "cait": ("cait", "CaiT"), "deepvit": ("deepvit", "DeepViT")}
+BUDGET_SEEDS = 5
+BEST = "{best}"  # in a claim: the arm chosen by best_arm; until it is chosen the claim is pending
+BEST_PENDING = "the best arm (chosen when phase 2 ends)"
+
+
+def _budget_claims() -> tuple[Claim, ...]:
+    out = []
+    for a in BUDGET_ARMS:
+        short, name = BUDGET_NAMES[a]
+        for d in (6, 12):
+            out.append(Claim(f"budget-{short}-24-{d}", "10", f"depth pays off for {name}: 24 blocks beat {d}",
+                             f"depth_budget/{a}_depth24", f"depth_budget/{a}_depth{d}", runs=BUDGET_SEEDS))
+    for d in (6, 12, 24):
+        for a in BUDGET_ARMS[1:]:
+            short, name = BUDGET_NAMES[a]
+            out.append(Claim(f"budget-{short}-vit-{d}", "10", f"{name} beats the plain ViT at {d} blocks, each at its "
+                             "own best rate", f"depth_budget/{a}_depth{d}", f"depth_budget/vit_depth{d}",
+                             runs=BUDGET_SEEDS))
+    out += [Claim("budget-vit-sens-depth", "10", "the plain ViT's LR sensitivity grows with depth: lower at 6 blocks "
+                  "than at 24 (Wortsman et al. 2023)", "depth_budget_grid/vit_depth6", "depth_budget_grid/vit_depth24",
+                  measure="lr_sens", runs=3),
+            Claim("budget-qk-sens-24", "10", "QK-layernorm lowers the LR sensitivity at 24 blocks (Wortsman et al. "
+                  "2023)", "depth_budget_grid/qknorm_depth24", "depth_budget_grid/vit_depth24", measure="lr_sens",
+                  runs=3)]
+    for d in (6, 12, 24):  # the same-rate control: each arm at the ViT's best rate
+        for a in BUDGET_ARMS[1:]:
+            short, name = BUDGET_NAMES[a]
+            out.append(Claim(f"budget-{short}-vit-{d}-same-lr", "10", f"{name} beats the plain ViT at {d} blocks at "
+                             "the ViT's rate", f"depth_budget_same_rate/{a}_depth{d}", f"depth_budget/vit_depth{d}",
+                             runs=BUDGET_SEEDS))
+    out += [Claim("budget-dp-rule-24", "10", f"uniform drop-path 0.1 as good as linear 0.1 at 24 blocks for {BEST} "
+                  "(margin 0.5 points)", f"depth_budget_dp_uniform/{BEST}_depth24",
+                  f"depth_budget_dp_linear/{BEST}_depth24", margin=0.5, runs=BUDGET_SEEDS),
+            Claim("budget-dp-0-24", "10", f"drop-path 0 as good as linear 0.1 at 24 blocks for {BEST} (margin 0.5 "
+                  "points)", f"depth_budget/{BEST}_depth24", f"depth_budget_dp_linear/{BEST}_depth24", margin=0.5,
+                  runs=BUDGET_SEEDS)]
+    return tuple(out)
+
+
+CLAIMS = CLAIMS + _budget_claims()
+LATE_SECTIONS = ("7", "8", "10")  # studies that may still be running: an arm without runs reads "not run yet"
+PENDING = "pending"  # the verdict of a claim whose arms have not finished the runs its design plans
 
 
 def run_dirs(arm: str, runs: Path = RUNS) -> list[Path]:
@@ -207,46 +261,76 @@ def run_dirs(arm: str, runs: Path = RUNS) -> list[Path]:
         raise NoRuns(str(exc)) from None
 
 
-def _lr_runs(study: Path, prefix: str) -> dict[float, dict[int, float]]:
-    """``{lr: {seed: capped final validation loss}}`` of the runs ``PREFIX_lrLR_seedN`` of a learning-rate
-    sensitivity study (a diverged run, or one above a uniform guess's loss, counts as that loss)."""
+RATE_RUN = re.compile(r"(.+)_lr([0-9.e+-]+)_seed(\d+)")  # CELL_lrLR_seedN: a learning-rate study's run
+
+
+def study_losses(study: Path) -> dict[str, dict[float, dict[int, float]]]:
+    """``{cell: {lr: {seed: capped final validation loss}}}`` of every finished run ``CELL_lrLR_seedN`` of a
+    learning-rate sensitivity study (a diverged run, or one above a uniform guess's loss, counts as that loss)."""
     from vitlab.experiments.lr_sensitivity import capped_loss
 
-    pattern = re.compile(rf"{re.escape(prefix)}_lr([0-9.e+-]+)_seed(\d+)")
+    if not study.is_dir():
+        raise NoRuns(f"no study folder {study} (yet)")
     # the study's class count from any run's config (a run that diverged in its first epoch saved none)
     configs = sorted(study.glob("*/config.json"))
     if not configs:
         raise ValueError(f"no run under {study} kept its config.json; restore the records (findings_tables.py "
                          "--keep-runs)")
     classes = json.loads(configs[0].read_text())["model"]["num_classes"]
-    out: dict[float, dict[int, float]] = {}
+    out: dict[str, dict[float, dict[int, float]]] = {}
     for run in sorted(study.iterdir()):
-        m = pattern.fullmatch(run.name)
+        m = RATE_RUN.fullmatch(run.name)
         if not m or not (run / "summary.json").is_file():
             continue
         summary = json.loads((run / "summary.json").read_text())
         row = {"val_loss": summary.get("final_val_loss", math.nan), "diverged": summary.get("diverged") is True}
-        out.setdefault(float(m.group(1)), {})[int(m.group(2))] = capped_loss(row, math.log(classes))
-    if not out:
-        raise NoRuns(f"no finished run {prefix}_lr*_seed* under {study}")
+        out.setdefault(m.group(1), {}).setdefault(float(m.group(2)), {})[int(m.group(3))] = capped_loss(
+            row, math.log(classes))
     return out
+
+
+def lr_runs(study: Path, prefix: str) -> dict[float, dict[int, float]]:
+    """``{lr: {seed: capped final validation loss}}`` of the runs ``PREFIX_lrLR_seedN`` of a learning-rate
+    sensitivity study (:func:`study_losses`)."""
+    losses = study_losses(study).get(prefix)
+    if not losses:
+        raise NoRuns(f"no finished run {prefix}_lr*_seed* under {study}")
+    return losses
 
 
 def best_lr(study: Path, prefix: str) -> float:
     """The learning rate of ``PREFIX`` whose runs have the lowest mean final validation loss (never the test set)."""
-    losses = _lr_runs(study, prefix)
+    losses = lr_runs(study, prefix)
     return min(losses, key=lambda lr: (statistics.fmean(losses[lr].values()), lr))
 
 
+def study_grid(cells: dict[str, dict[float, dict[int, float]]]) -> list[float]:
+    """The grid a study's cells share: the intersection over its cells (the run prefixes of :func:`study_losses`) of
+    the rates each has finished at any seed. Once every cell has run the ``--lrs`` it was given, that is this list;
+    a rate one cell added beyond the grid's edge (to bracket its optimum) is not in it."""
+    rates = [set(c) for c in cells.values()]
+    return sorted(set.intersection(*rates)) if rates else []
+
+
 def lr_sensitivities(arm: str, runs: Path = RUNS) -> dict[int, float]:
-    """``{seed: LR sensitivity}`` for each seed that finished every learning rate of ``STUDY/PREFIX``: the study's
-    own definition (:func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`) over that seed's capped losses."""
+    """``{seed: LR sensitivity}`` of ``STUDY/PREFIX`` for each seed that finished every rate of the study's shared
+    grid (:func:`study_grid`): the study's own definition,
+    :func:`vitlab.experiments.lr_sensitivity.lr_sensitivity` ``(curve, grid)``: the mean over the grid of the
+    seed's capped loss minus its minimum over the seed's whole curve (which includes any rate the cell added beyond
+    the grid's edge). Where every cell has the same rates (section 7) that is the mean over the cell's own curve."""
     from vitlab.experiments.lr_sensitivity import lr_sensitivity
 
     study, prefix = arm.split("/", 1)
-    losses = _lr_runs(runs / study, prefix)
-    seeds = set.intersection(*(set(v) for v in losses.values()))
-    return {seed: lr_sensitivity({lr: losses[lr][seed] for lr in losses}) for seed in sorted(seeds)}
+    cells = study_losses(runs / study)
+    if not cells.get(prefix):
+        raise NoRuns(f"no finished run {prefix}_lr*_seed* under {runs / study}")
+    grid, losses = study_grid(cells), cells[prefix]
+    out = {}
+    for seed in sorted({s for by_seed in losses.values() for s in by_seed}):
+        curve = {lr: by_seed[seed] for lr, by_seed in losses.items() if seed in by_seed}
+        if grid and set(grid) <= set(curve):
+            out[seed] = lr_sensitivity(curve, grid)
+    return out
 
 
 UNITS = {"acc": "points", "similar_share": "share of blocks", "lr_sens": "nats", "max_logit": "logit"}
@@ -263,17 +347,63 @@ def arm_values(arm: str, what: str, runs: Path = RUNS) -> dict[int, float]:
     return out
 
 
+def best_arm(runs: Path = RUNS) -> str | None:
+    """Section 10's best arm, chosen by rule and never on the test set: the arm of :data:`BUDGET_ARMS` with the
+    highest mean final validation accuracy (``final_val_acc`` of each run's summary.json) at 24 blocks over phase 2's
+    seeds (``depth_budget/ARM_depth24``); ties go to the earlier arm. None until every arm has its
+    :data:`BUDGET_SEEDS` runs there."""
+    means = {}
+    for a in BUDGET_ARMS:
+        try:
+            values = arm_values(f"depth_budget/{a}_depth24", "final_val_acc", runs)
+        except NoRuns:
+            return None
+        if len(values) < BUDGET_SEEDS:
+            return None
+        means[a] = statistics.fmean(values.values())
+    return max(BUDGET_ARMS, key=lambda a: means[a])
+
+
+def resolve(claim: Claim, best: str | None) -> Claim:
+    """``claim`` with :data:`BEST` replaced by the arm :func:`best_arm` chose; while none is chosen, its text names
+    :data:`BEST_PENDING` and its arms keep :data:`BEST` (so the claim is pending)."""
+    if BEST not in claim.claim + claim.a + claim.b or best is None:
+        return replace(claim, claim=claim.claim.replace(BEST, BEST_PENDING))
+    text = f"the best arm, {BUDGET_NAMES[best][1]} (highest mean validation accuracy at 24 blocks)"
+    return replace(claim, claim=claim.claim.replace(BEST, text), a=claim.a.replace(BEST, best),
+                   b=claim.b.replace(BEST, best))
+
+
+def pending(claim: Claim, n_a: int, n_b: int) -> stats.Result:
+    """A claim whose arms have ``n_a`` and ``n_b`` of the :attr:`Claim.runs` its design plans: no effect, no interval
+    and no p-value from an unfinished phase (so the family's correction leaves it out), the verdict :data:`PENDING`."""
+    nan = math.nan
+    return stats.Result(nan, nan, nan, nan, f"pending: {claim.runs} runs per arm planned", n_a, n_b, nan, "",
+                        PENDING, margin=claim.margin)
+
+
 def evaluate_result(claim: Claim, runs: Path = RUNS) -> stats.Result:
-    """The comparison of one claim, alone (before the family's correction)."""
+    """The comparison of one claim, alone (before the family's correction); :func:`pending` while an arm has fewer
+    finished runs than the claim's ``runs`` (or its :data:`BEST` arm is not chosen yet)."""
     lower = claim.measure.startswith("cv") or claim.measure == "lr_sens"  # lower is the claim: b - a
-    try:
-        a, b = arm_values(claim.a, claim.measure, runs), arm_values(claim.b, claim.measure, runs)
-    except NoRuns:  # a study still running: the claim is on the page, its runs are not yet
-        if claim.section not in LATE_SECTIONS:
-            raise
-        return stats.compare([], [], margin=claim.margin, noninferior=claim.noninferior)
+    if BEST in claim.a + claim.b:
+        return pending(claim, 0, 0)
+    values, missing = [], False
+    for arm in (claim.a, claim.b):
+        try:
+            values.append(arm_values(arm, claim.measure, runs))
+        except NoRuns:  # a study still running: the claim is on the page, its runs are not yet
+            if claim.section not in LATE_SECTIONS:
+                raise
+            values.append({})
+            missing = True
+    a, b = values
     if lower:
         a, b = b, a
+    if claim.runs and min(len(a), len(b)) < claim.runs:
+        return pending(claim, len(a), len(b))
+    if missing:
+        return stats.compare([], [], margin=claim.margin, noninferior=claim.noninferior)
     paired = set(a) == set(b) and len(a) >= 2
     return stats.compare(a, b, paired=paired, margin=claim.margin, noninferior=claim.noninferior)
 
@@ -285,7 +415,8 @@ def _row(claim: Claim, r: stats.Result) -> dict[str, str]:
             "comparison": f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}",
             "unit": UNITS.get(claim.measure, "CV"), **{k: cells[k] for k in (
                 "effect", "ci_low", "ci_high", "p", "q", "adj_ci_low", "adj_ci_high", "test")},
-            "seeds": cells["runs"], "mde": cells["mde"], "margin": cells["margin"], "verdict": r.verdict,
+            "seeds": f"{r.n_a}/{r.n_b}" if r.verdict == PENDING else cells["runs"], "mde": cells["mde"],
+            "margin": cells["margin"], "verdict": r.verdict,
             "runs_to_decide": r.runs_to_decide}
 
 
@@ -295,7 +426,9 @@ def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
 
 
 def rows(claims: tuple[Claim, ...] | list[Claim] = CLAIMS, runs: Path = RUNS) -> list[dict[str, str]]:
-    """The rows of ``claims``, decided as one family."""
+    """The rows of ``claims``, decided as one family (:data:`BEST` resolved by :func:`best_arm`)."""
+    best = best_arm(runs) if any(BEST in c.a + c.b for c in claims) else None
+    claims = [resolve(c, best) for c in claims]
     results = stats.decide_family([evaluate_result(c, runs) for c in claims])
     return [_row(c, r) for c, r in zip(claims, results)]
 

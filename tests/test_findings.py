@@ -268,6 +268,10 @@ def test_every_verdict_follows_the_rule() -> None:
     decided = sum(q <= 0.05 for q in qs)
     for r in rows:
         assert "image" not in r["test"] and "McNemar" not in r["test"], r["id"]
+        if r["verdict"] == "pending":  # section 10: an arm short of the runs its design plans, nothing computed
+            assert r["section"] == "10" and r["test"].startswith("pending"), r["id"]
+            assert all(math.isnan(float(r[k])) for k in ("effect", "ci_low", "p", "q")), r["id"]
+            continue
         lo, hi = float(r["ci_low"]), float(r["ci_high"])
         if math.isnan(lo) or math.isnan(hi):  # an arm with one run so far: no interval, so no verdict yet
             assert r["verdict"] == stats.UNDECIDED and {"0", "1"} & set(r["seeds"].split("/")), r["id"]
