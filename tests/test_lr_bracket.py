@@ -54,8 +54,7 @@ def test_the_step_is_the_grids_own_at_that_edge_and_the_rate_is_rounded():
     grid = [1e-3, 3e-3, 1e-2]  # steps 3 at the low end, 3.33 at the high end
     assert next_rate(curve(1.0, grid), grid, 1) == (0.0333333, "")
     assert next_rate(curve(1e-6, grid), grid, 1) == (0.000333333, "")
-    # beyond the first added rate the step stays the grid's, not the curve's last gap
-    assert next_rate(curve(1.0, [*grid, 0.0333333]), grid, 2) == (0.111111, "")
+    assert next_rate(curve(1.0, [*grid, 0.0333333]), grid, 2) == (0.111111, "")  # 3.33 again, from the grid's edge
 
 
 def test_an_interior_best_rate_adds_nothing():
