@@ -472,9 +472,11 @@ def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str,
         Section("Final validation loss against learning rate", "Per variant, a line per depth: the mean over seeds "
                 f"of the final validation loss (a diverged run counts as the uniform guess's loss, ln(classes) = "
                 f"{meta['uniform_loss']:.3f}, the dashed line).", ["loss_vs_lr.png"], ["summary.csv"]),
-        Section("LR sensitivity, best loss and divergence against depth", "LR sensitivity (Wortsman et al. 2023): "
-                "the mean over the grid of min(loss, ln(classes)) minus the best loss; the best learning rate is "
-                "chosen on the validation loss, and the test accuracy is the one at it.",
+        Section("LR sensitivity, best loss and divergence against depth", "LR sensitivity (Wortsman et al. 2023), "
+                "per seed, then the mean over seeds: the mean over the grid (--lrs) of min(loss, ln(classes)) minus "
+                "the best loss over every rate of the cell (the grid and any rate --bracket added beyond its edge); "
+                "the best learning rate is chosen on the validation loss, and the test accuracy is the one at it; "
+                "bracketed: the best rate is interior of the cell's rates (lr_low..lr_high).",
                 ["sensitivity_vs_depth.png"], ["sensitivity.csv"]),
         Section("Attention logits", "The largest pre-softmax attention logit of any layer (Dehghani et al. 2023), "
                 "measured after every epoch on a fixed batch of training images, at the end of training, against "
