@@ -52,7 +52,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--lr-from", default=None, metavar="STUDY",
                    help="train each variant at each depth at its own best learning rate, read from the "
                         "sensitivity.csv of a finished `vitlab lr-sensitivity` study (its folder or the file; chosen "
-                        "there on validation loss); instead of --lr")
+                        "there on validation loss); instead of --lr. Given the study's folder, a run that study "
+                        "already trained with the same variant, depth, rate, seed and settings is copied into "
+                        "--output instead of trained (reported as reused; --dry-run lists them)")
+    p.add_argument("--lr-of", default=None, metavar="VARIANT",
+                   help="with --lr-from: train every variant at the rate it chose for VARIANT at that depth (the "
+                        "same-rate control, e.g. --lr-of vit: each arm at the plain ViT's rate)")
     add_run_options(p)
     add_study_output_options(p)
     p.set_defaults(func=run, _parser=p)
@@ -76,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     config = DepthStudyConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants),
                               **study_fields(args), seeds=args.seeds, num_images=args.num_images,
                               threshold=args.threshold, shared=parse_set(args.set), analyze_runs=args.analyze_runs,
-                              logger=args.logger, probe_images=args.probe_images, lr_from=args.lr_from)
+                              logger=args.logger, probe_images=args.probe_images, lr_from=args.lr_from,
+                              lr_of=args.lr_of)
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

@@ -367,6 +367,7 @@ class DepthStudyConfig:
     probe_images: int = 64  # training images each run's per-epoch probes use (0: probes at the end only)
     force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
     lr_from: str | None = None  # a learning-rate study's sensitivity.csv: each variant and depth at its best rate
+    lr_of: str | None = None  # with lr_from: every variant at the rate chosen for this variant (same-rate control)
 
 
 def variant_notes(variants: list[str]) -> list[str]:
@@ -387,7 +388,98 @@ def check_depth_study(config: DepthStudyConfig) -> Any:
     if base_model.arch != "vit":
         raise ConfigError(f"--base {config.base} is a {base_model.arch} preset; pass a ViT preset (e.g. vit_mnist) "
                           "whose width the variants share")
+    if config.lr_of is not None:
+        if not config.lr_from:
+            raise ConfigError(f"--lr-of {config.lr_of} picks a rate --lr-from read; add --lr-from STUDY (a finished "
+                              "`vitlab lr-sensitivity` study), or drop --lr-of")
+        if config.lr_of not in VARIANTS:
+            raise ConfigError(f"--lr-of: {unknown_option(config.lr_of, list(VARIANTS), 'variant')}")
     return base_model
+
+
+def study_rates(config: DepthStudyConfig) -> dict[tuple[str, int], float] | None:
+    """``{(variant, depth): rate}`` of ``--lr-from`` (None without it): each variant's own best rate, or with
+    ``--lr-of V`` the rate chosen for ``V`` at that depth for every variant (the same-rate control)."""
+    if not config.lr_from:
+        return None
+    from vitlab.experiments.rates import best_rates
+
+    if config.run.lr is not None:
+        raise ConfigError("give --lr or --lr-from, not both: --lr-from sets each variant's rate")
+    rates = best_rates(config.lr_from)
+    if config.lr_of is None:
+        return rates
+    missing = [d for d in sorted(config.depths) if (config.lr_of, d) not in rates]
+    if missing:
+        raise ConfigError(f"--lr-from {config.lr_from} has no learning rate for {config.lr_of} at depth "
+                          f"{', '.join(map(str, missing))} (--lr-of {config.lr_of}); run the learning-rate study for "
+                          f"{config.lr_of} at that depth, or pass another --lr-of")
+    return {(v, d): rates[(config.lr_of, d)] for v in config.variants for d in config.depths}
+
+
+def grid_run_name(variant: str, depth: int, lr: float, seed: int) -> str:
+    """The folder ``vitlab lr-sensitivity`` trains ``variant`` at ``depth``, rate ``lr`` and ``seed`` in (its
+    ``lr_specs``; spelled here because that module imports this one, and tests/test_depth_lr_reuse.py holds the two
+    to the same names)."""
+    return f"{variant}_depth{depth}_lr{lr:g}_seed{seed}"
+
+
+def grid_problem(grid_run: Path, spec: RunSpec, out: Path) -> str | None:
+    """Why the finished run ``grid_run`` of a learning-rate study cannot stand in for ``spec`` (None: it can): it has
+    not finished, its record does not verify (:mod:`vitlab.experiments.record`), or a setting that matters differs.
+    Settings are compared as the run would train them (:func:`vitlab.train.plan.plan_run`: options left to the
+    recipe resolved, the model as built), so an option given to one study and not the other is a difference too;
+    the result-neutral options (:data:`vitlab.train.config.RESULT_NEUTRAL`: output, threads, device...) are not."""
+    from vitlab.checkpoint import ModelSpec
+    from vitlab.errors import CheckpointError
+    from vitlab.experiments.record import SUMMARY, UnverifiedRun, check_run, verified_config
+    from vitlab.train.config import RESULT_NEUTRAL
+    from vitlab.train.plan import plan_run
+
+    if grid_run.is_symlink() or not grid_run.is_dir() or not (grid_run / SUMMARY).is_file():
+        return "it has not finished"
+    try:
+        config = verified_config(grid_run)
+    except CheckpointError as exc:
+        return f"it cannot be verified ({str(exc).split('; ')[0]})"
+    plan = plan_run(spec.config.replace(output=str(out / spec.name)), count_macs=False)
+    stored = config["run"] if isinstance(config.get("run"), dict) else {}
+    now = json.loads(json.dumps(plan.run.to_dict()))  # as config.json stores it
+    saved = json.loads(json.dumps(ModelSpec.from_dict(config["model"]).options()))
+    built = json.loads(json.dumps(plan.spec.options()))
+    changed = [f"{k} {stored.get(k)!r} there, {now.get(k)!r} now" for k in sorted(set(stored) | set(now))
+               if k not in RESULT_NEUTRAL and k not in ("data", "model_overrides") and stored.get(k) != now.get(k)]
+    changed += [f"{k} {saved.get(k)!r} there, {built.get(k)!r} now" for k in sorted(set(saved) | set(built))
+                if k != "name" and saved.get(k) != built.get(k)]
+    if changed:
+        return f"it was trained with other settings ({'; '.join(changed)})"
+    try:
+        summary, _ = check_run(grid_run, spec.config)  # the engine's own decision, as the copy will be read back
+    except UnverifiedRun:
+        summary = None
+    return None if summary is not None else "it is no finished run's record that verifies"
+
+
+def reuse_grid(specs: list[RunSpec], grid: Path, out: Path, title: str = "depth study") -> list[RunSpec]:
+    """Point each run of ``specs`` (at a rate ``--lr-from`` chose) that has no folder in the study ``out`` yet to the
+    run of the learning-rate study ``grid`` with its variant, depth, rate and seed, where that run can stand in for
+    it (:func:`grid_problem`): :func:`vitlab.experiments.runs.run_study` copies it in instead of training. A grid
+    run that cannot is named in one line on stderr, with why, and the run trains."""
+    import os
+    import sys
+
+    for spec in specs:
+        info = spec.info
+        grid_run = grid / grid_run_name(info["variant"], info["depth"], spec.config.lr, info["seed"])
+        if os.path.lexists(out / spec.name) or not os.path.lexists(grid_run):
+            continue
+        problem = grid_problem(grid_run, spec, out)
+        if problem is None:
+            spec.source = str(grid_run)
+        else:
+            print(f"{title} {spec.name}: not reused from {grid_run}: {problem}; training it", file=sys.stderr,
+                  flush=True)
+    return specs
 
 
 def depth_run_specs(config: DepthStudyConfig) -> list[RunSpec]:
@@ -395,15 +487,11 @@ def depth_run_specs(config: DepthStudyConfig) -> list[RunSpec]:
     cfg = config.run
     if config.probe_images and not cfg.probe_images:
         cfg = cfg.replace(probe_images=config.probe_images)
-    rates = None
-    if config.lr_from:
-        from vitlab.experiments.rates import best_rates
-
-        if cfg.lr is not None:
-            raise ConfigError("give --lr or --lr-from, not both: --lr-from sets each variant's rate")
-        rates = best_rates(config.lr_from)
-    return depth_specs(config.base, sorted(config.depths), config.variants, list(range(config.seeds)), cfg,
-                       config.shared, rates)
+    specs = depth_specs(config.base, sorted(config.depths), config.variants, list(range(config.seeds)), cfg,
+                        config.shared, study_rates(config))
+    if config.lr_from and Path(config.lr_from).is_dir() and not config.finished_only:
+        specs = reuse_grid(specs, Path(config.lr_from).expanduser(), Path(config.output).expanduser())
+    return specs
 
 
 def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
@@ -448,6 +536,8 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
             deepest[spec.info["variant"]] = diag
     meta = {"base": config.base, "dataset": cfg.dataset, "depths": depths, "variants": variants,
             "seeds": config.seeds, "num_images": n, "threshold": config.threshold, "run_config": cfg.to_dict()}
+    if config.lr_from:
+        meta.update({"lr_from": str(config.lr_from), **({"lr_of": config.lr_of} if config.lr_of else {})})
     title = f"Depth study on {cfg.dataset} (width of {config.base})"
     result = write_study(out, rows, ratio_rows, layer_rows, deepest, variants=variants, depths=depths,
                          threshold=config.threshold, title=title, command=config.command, meta=meta,

@@ -81,6 +81,9 @@ class RunSpec:
     config: Any  # RunConfig; its ``output`` is set to the run's folder when it runs
     info: dict[str, Any] = field(default_factory=dict)
     init: str | None = None  # pretrained weights to start from (train's init_weights)
+    # a finished run folder elsewhere (another study's) whose record its caller verified against ``config``:
+    # :func:`run_study` copies it in (:func:`copy_run`) instead of training, when the study has no folder of this name
+    source: str | None = None
 
 
 def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, bool]:
@@ -95,6 +98,44 @@ def run_or_load(spec: RunSpec, out_dir: Path, trainer: Trainer) -> tuple[dict, b
     if not isinstance(summary, dict):
         raise ConfigError(f"the trainer returned {type(summary).__name__} for {run_dir}, not a summary dict")
     return summary, True
+
+
+def copy_run(source: Path, run_dir: Path, cfg: Any) -> dict:
+    """Copy the finished run folder ``source`` to ``run_dir`` (which must not exist yet) and return its summary: the
+    files go to a temporary sibling first (each fsynced, the run's lock left behind), whose record must verify
+    against ``cfg`` (:func:`vitlab.experiments.record.finished_run`) before it is renamed to ``run_dir``, so the
+    name never holds half a copy; an interrupted or failed copy removes the sibling. The copied ``config.json``
+    keeps the ``output`` it was trained in: a result-neutral option, so the copy reads back like any run."""
+    import shutil
+    import tempfile
+
+    from vitlab.experiments.record import UnverifiedRun
+    from vitlab.outputs import LOCK
+
+    def synced(src: str, dst: str) -> None:
+        shutil.copy2(src, dst)
+        with open(dst, "rb") as fh:
+            os.fsync(fh.fileno())
+
+    tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}.", suffix=".copy"))
+    try:
+        shutil.copytree(source, tmp, symlinks=True, ignore=shutil.ignore_patterns(LOCK), copy_function=synced,
+                        dirs_exist_ok=True)
+        summary = finished_run(tmp, cfg)
+        if summary is None:
+            raise UnverifiedRun(f"{source} changed while it was copied and is no finished run now; run the study "
+                                "again")
+        os.rename(tmp, run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with contextlib.suppress(OSError):  # the new name, on disk
+        fd = os.open(run_dir.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return summary
 
 
 def changed_options(cfg: Any, run_dir: Path) -> list[str]:
@@ -130,6 +171,9 @@ def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
         if finished_run(run_dir, spec.config) is not None:  # the study's one decision of "finished"
             print(f"{head}: finished, read back")
             continue
+        if spec.source and not os.path.lexists(run_dir):
+            print(f"{head}: reused from {spec.source} (copied, not trained)")
+            continue
         cfg = spec.config.replace(output=str(run_dir))
         resume = run_dir if (run_dir / CONFIG).is_file() else None
         plan = plan_run(cfg, resume=resume, init_weights=None if resume else spec.init)
@@ -155,14 +199,16 @@ class Progress:
         print(f"[{self.done + 1}/{self.total}] {self.title} {name}: training", file=self.stream, flush=True)
         return time.perf_counter()
 
-    def end(self, name: str, started: float | None, note: str, *, failed: bool = False) -> None:
+    def end(self, name: str, started: float | None, note: str, *, failed: bool = False,
+            source: str | None = None) -> None:
         self.done += 1
         if started is not None:
             self.trained += 1
             self.train_seconds += time.perf_counter() - started
         left = self.total - self.done
         eta = f", about {_duration(left * self.train_seconds / self.trained)} left" if self.trained and left else ""
-        how = "failed" if failed else "finished" if started is not None else "already finished, read back"
+        how = "failed" if failed else "finished" if started is not None else \
+            f"reused from {source}" if source else "already finished, read back"
         how += " " if failed else "; "
         print(f"[{self.done}/{self.total}] {self.title} {name}: {how}{note} "
               f"(elapsed {_duration(time.perf_counter() - self.start)}{eta})", file=self.stream, flush=True)
@@ -247,7 +293,9 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
     claimed (the folder itself, the report's text ``command``, each run's settings and folder, the executor: Ray
     installed and its cluster answering), so an input refused at the start leaves no folder behind; a study stopped
     by an error removes the run folders it created and left empty, and its folder when it created it and nothing is
-    in it. Returns the folder and the pairs."""
+    in it. A run whose spec names a ``source`` and that has no folder in ``output`` yet is copied from there once the
+    folder is claimed (:func:`copy_run`), not trained (``finished_only``: left out). Returns the folder and the
+    pairs."""
     from vitlab import outputs
 
     out = Path(output).expanduser()
@@ -256,6 +304,8 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
     config = executor if executor is not None else ExecutorConfig(workers=1)
     config.validate()
     specs, done, pending = plan_runs(specs, out, title=title, finished_only=finished_only)
+    copies = [s for s in pending if s.source and not os.path.lexists(out / s.name)]
+    pending = [s for s in pending if s not in copies]
     new = not os.path.lexists(out)
     made = [s.name for s in pending if not os.path.lexists(out / s.name)]
     pool = open_executor(config, [s.config for s in pending], len(pending)) if pending else None
@@ -266,7 +316,10 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
             pool[0].close()
         raise
     try:
-        return out, _execute(specs, out, done, pending, pool, config.retries, trainer, title)
+        for spec in copies:
+            done[spec.name] = copy_run(Path(str(spec.source)), out / spec.name, spec.config)
+        return out, _execute(specs, out, done, pending, pool, config.retries, trainer, title,
+                             {s.name: str(s.source) for s in copies})
     except BaseException:
         _remove_if_empty(out, made, new)
         raise
@@ -292,12 +345,12 @@ def _remove_if_empty(out: Path, names: Sequence[str], new: bool) -> None:
 
 def _execute(specs: Sequence[RunSpec], out_dir: Path, done: dict[str, dict], pending: Sequence[RunSpec],
              pool: tuple[Any, int | None] | None, retries: int, trainer: Trainer | None,
-             title: str) -> list[tuple[RunSpec, dict]]:
+             title: str, copied: dict[str, str] | None = None) -> list[tuple[RunSpec, dict]]:
     meter = Progress(len(specs), title)
     summaries = dict(done)
     for spec in specs:
         if spec.name in done:
-            meter.end(spec.name, None, _note(spec, done[spec.name]))
+            meter.end(spec.name, None, _note(spec, done[spec.name]), source=(copied or {}).get(spec.name))
     if pending and pool is not None:
         by_name = {s.name: s for s in pending}
         started: dict[str, float] = {}

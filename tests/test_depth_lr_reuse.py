@@ -1,0 +1,277 @@
+"""``vitlab depth-study --lr-from STUDY`` reuses the learning-rate study's runs: a run of the depth study whose
+variant, depth, rate and seed the grid already trained, with every setting that matters equal (options left to the
+recipe resolved), is copied into ``--output`` (atomically) and read back, not trained; a grid run of other settings
+is named and the run trains. ``--lr-of VARIANT`` trains every variant at the rate chosen for VARIANT.
+
+The grid here is trained the way ``vitlab lr-sensitivity`` trains it (its ``lr_specs``, two tiny runs), without the
+study's tables and figures, so the tests stay fast; one ``full`` test runs both commands end to end."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from _helpers import cli_error, read_rows
+from vitlab.experiments.depth_study import DepthStudyConfig, depth_run_specs, grid_run_name
+from vitlab.experiments.lr_sensitivity import lr_specs
+from vitlab.experiments.record import finished_run
+from vitlab.train.config import RunConfig
+
+SHARED = {"embed_dim": 16, "num_heads": 2}
+OPTIONS = {"epochs": 1, "batch_size": 16, "limit_train": 32, "limit_test": 16, "val_split": 0.25}
+COLUMNS = ["variant", "depth", "lrs", "runs", "best_lr", "best_val_loss", "best_val_acc", "test_acc_at_best_lr",
+           "lr_sensitivity", "divergence_rate", "max_logit"]
+BEST = {"vit": 3e-3, "layerscale": 1e-3}  # the rates the grid's sensitivity.csv chose
+
+
+def _sensitivity(folder: Path, rates: dict[str, float]) -> None:
+    with (folder / "sensitivity.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        for variant, lr in rates.items():
+            w.writerow({"variant": variant, "depth": 1, "lrs": 2, "runs": 2, "best_lr": lr, "best_val_loss": 0.5,
+                        "best_val_acc": 0.9, "test_acc_at_best_lr": 0.9, "lr_sensitivity": 0.1,
+                        "divergence_rate": 0.0, "max_logit": 3.0})
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A learning-rate study's folder: vit at 3e-3, layerscale at 1e-3 and 3e-3 (seed 0, depth 1), trained as
+    ``vitlab lr-sensitivity`` plans them, and a sensitivity.csv choosing vit 3e-3, layerscale 1e-3."""
+    from vitlab.experiments.runs import train_run
+
+    folder = tmp_path_factory.mktemp("grid")
+    cfg = RunConfig(**OPTIONS, progress=False, probe_images=8)
+    wanted = {grid_run_name("vit", 1, 3e-3, 0), grid_run_name("layerscale", 1, 1e-3, 0),
+              grid_run_name("layerscale", 1, 3e-3, 0)}
+    for spec in lr_specs("vit_mnist", [1], ["vit", "layerscale"], [1e-3, 3e-3], [0], cfg, SHARED):
+        if spec.name in wanted:
+            train_run(spec.config.replace(output=str(folder / spec.name)))
+            wanted.discard(spec.name)
+    assert not wanted, f"lr_specs names no run {wanted}"
+    _sensitivity(folder, BEST)
+    return folder
+
+
+@pytest.fixture
+def trained(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the runs the study trains (the real trainer, counted)."""
+    from vitlab.experiments import runs
+
+    names: list[str] = []
+    real = runs.train_run
+
+    def counting(cfg, init=None):
+        names.append(Path(cfg.output).name)
+        return real(cfg, init=init)
+
+    monkeypatch.setattr(runs, "train_run", counting)
+    return names
+
+
+def _argv(out: Path, *extra: str, variants: str = "vit", depths: str = "1") -> list[str]:
+    return ["depth-study", "--depths", depths, "--variants", variants, "--epochs", "1", "--batch-size", "16",
+            "--limit-train", "32", "--limit-test", "16", "--val-split", "0.25", "--num-images", "4",
+            "--probe-images", "0", "--set", "embed_dim=16", "--set", "num_heads=2", "--no-progress",
+            "--output", str(out), *extra]
+
+
+def _config(grid: Path, out: Path, seeds: int = 1, variants: tuple[str, ...] = ("vit",), depth: int = 1,
+            **fields) -> DepthStudyConfig:
+    return DepthStudyConfig("vit_mnist", [depth], list(variants), RunConfig(**OPTIONS, progress=False), out,
+                            seeds=seeds, shared=dict(SHARED), probe_images=0, lr_from=str(grid), **fields)
+
+
+def test_grid_run_names_are_the_learning_rate_studys():
+    cfg = RunConfig(**OPTIONS)
+    lrs = [3e-4, 0.0007071067811865476, 1e-2, 0.5]
+    for spec in lr_specs("vit_mnist", [1, 2], ["vit", "cait"], lrs, [0, 3], cfg, SHARED):
+        i = spec.info
+        assert grid_run_name(i["variant"], i["depth"], i["lr"], i["seed"]) == spec.name
+
+
+def test_seed_0_is_copied_from_the_grid_and_only_seed_1_trains(grid, tmp_path, trained):
+    from vitlab.experiments.runs import run_study
+
+    before = {p.name: p.stat().st_mtime_ns for p in (grid / "vit_depth1_lr0.003_seed0").iterdir()}
+    config = _config(grid, tmp_path / "d", seeds=2)
+    specs = depth_run_specs(config)
+    assert [s.source for s in specs] == [str(grid / "vit_depth1_lr0.003_seed0"), None]
+    out, pairs = run_study(specs, tmp_path / "d", "depth-study", title="depth study")
+    assert trained == ["vit_depth1_seed1"]
+    copy = out / "vit_depth1_seed0"
+    assert finished_run(copy, specs[0].config) == pairs[0][1]  # the copy verifies where the study reads it
+    assert (copy / "model.safetensors").read_bytes() == (grid / "vit_depth1_lr0.003_seed0" / "model.safetensors"
+                                                          ).read_bytes()
+    assert not (copy / "train.lock").exists()  # the grid run's lock stays there
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".vit_")) == []  # no temporary copy left
+    assert {p.name: p.stat().st_mtime_ns for p in (grid / "vit_depth1_lr0.003_seed0").iterdir()} == before
+    # invoked again, both runs read back from the study's own folder: nothing trained, nothing copied
+    trained.clear()
+    specs = depth_run_specs(config)
+    assert [s.source for s in specs] == [None, None]
+    run_study(specs, tmp_path / "d", "depth-study", title="depth study")
+    assert trained == []
+
+
+def test_the_progress_line_and_dry_run_say_reused(grid, tmp_path, trained, capsys):
+    from vitlab.cli import main
+
+    out = tmp_path / "d"
+    assert main(_argv(out, "--lr-from", str(grid), "--dry-run")) == 0
+    plan = capsys.readouterr().out
+    assert f"vit_depth1_seed0: reused from {grid / 'vit_depth1_lr0.003_seed0'} (copied, not trained)" in plan, plan
+    assert "0 of 1 runs to train" in plan, plan
+    assert not out.exists() and trained == []
+    from vitlab.experiments.runs import run_study
+
+    run_study(depth_run_specs(_config(grid, out)), out, "depth-study", title="depth study")
+    err = capsys.readouterr().err
+    assert f"[1/1] depth study vit_depth1_seed0: reused from {grid / 'vit_depth1_lr0.003_seed0'}; test accuracy" \
+        in err, err
+    assert trained == []
+
+
+@pytest.mark.parametrize("change, differs", [
+    (["--epochs", "2"], "epochs 1 there, 2 now"),
+    (["--no-val-split"], "val_split 0.25 there, None now"),  # left to the recipe here, given to the grid
+    (["--set", "mlp_ratio=2"], "mlp_ratio 4.0 there, 2 now"),
+], ids=["epochs", "val-split-left-out", "model-option"])
+def test_a_grid_run_of_other_settings_is_named_and_not_reused(grid, tmp_path, trained, capsys, change, differs):
+    from vitlab.cli import main
+
+    argv = _argv(tmp_path / "d", "--lr-from", str(grid), "--dry-run")
+    if change == ["--no-val-split"]:
+        i = argv.index("--val-split")
+        del argv[i:i + 2]
+    else:
+        argv += change
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    line = [x for x in captured.err.splitlines() if "not reused" in x]
+    assert line == [f"depth study vit_depth1_seed0: not reused from {grid / 'vit_depth1_lr0.003_seed0'}: it was "
+                    f"trained with other settings ({line[0].split('settings (')[1].split(')')[0]}); training it"], line
+    assert differs in line[0], line
+    assert "1 of 1 runs to train" in captured.out and "reused from" not in captured.out
+
+
+def test_other_epochs_train_the_run(grid, tmp_path, trained):
+    from vitlab.experiments.runs import run_study
+
+    config = _config(grid, tmp_path / "d")
+    config.run = config.run.replace(epochs=2)
+    specs = depth_run_specs(config)
+    assert specs[0].source is None
+    run_study(specs, tmp_path / "d", "depth-study", title="depth study")
+    assert trained == ["vit_depth1_seed0"]
+
+
+def test_lr_of_trains_every_variant_at_that_variants_rate_and_reuses_its_grid_run(grid, tmp_path, capsys):
+    from vitlab.cli import main
+
+    own = depth_run_specs(_config(grid, tmp_path / "d", variants=("vit", "layerscale")))
+    assert {s.info["variant"]: s.config.lr for s in own} == BEST
+    same = depth_run_specs(_config(grid, tmp_path / "d", variants=("vit", "layerscale"), lr_of="vit"))
+    assert {s.info["variant"]: s.config.lr for s in same} == {"vit": 3e-3, "layerscale": 3e-3}
+    assert {s.info["variant"]: s.source for s in same} == {
+        "vit": str(grid / "vit_depth1_lr0.003_seed0"), "layerscale": str(grid / "layerscale_depth1_lr0.003_seed0")}
+    assert main(_argv(tmp_path / "d", "--lr-from", str(grid), "--lr-of", "layerscale", "--dry-run",
+                      variants="vit,layerscale")) == 0
+    plan = capsys.readouterr().out
+    assert "vit_depth1_seed0: vit_mnist" in plan and ", lr 0.001" in plan, plan  # vit at layerscale's rate: no run
+    assert f"layerscale_depth1_seed0: reused from {grid / 'layerscale_depth1_lr0.001_seed0'}" in plan, plan
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--lr-of", "vit"], "--lr-of vit picks a rate --lr-from read; add --lr-from STUDY"),
+    (["--lr-from", "GRID", "--lr-of", "vitt"], "--lr-of: unknown variant 'vitt'; did you mean vit"),
+    (["--lr-from", "GRID", "--lr-of", "deepvit"], "has no learning rate for deepvit at depth 1 (--lr-of deepvit)"),
+    (["--lr-from", "GRID", "--lr-of", "vit", "--depths", "1,2"], "has no learning rate for vit at depth 2"),
+], ids=["no-lr-from", "unknown", "no-row", "no-row-at-a-depth"])
+def test_lr_of_refusals_are_one_line_before_anything_is_written(grid, tmp_path, capsys, extra, words):
+    argv = _argv(tmp_path / "d", *[str(grid) if x == "GRID" else x for x in extra])
+    msg = cli_error(capsys, argv)
+    assert words in msg, msg
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_interrupted_copy_leaves_nothing_under_the_runs_name(grid, tmp_path, trained, monkeypatch):
+    from vitlab.experiments.runs import run_study
+
+    real, copied = shutil.copy2, []
+
+    def interrupted(src, dst, **kw):
+        if copied:
+            raise KeyboardInterrupt
+        copied.append(dst)
+        return real(src, dst, **kw)
+
+    specs = depth_run_specs(_config(grid, tmp_path / "d"))
+    monkeypatch.setattr(shutil, "copy2", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(specs, tmp_path / "d", "depth-study", title="depth study")
+    assert copied and not os.path.lexists(copied[0])  # the one file copied was removed with its folder
+    assert not (tmp_path / "d").exists()  # the study folder it created, left empty, is gone too
+    monkeypatch.setattr(shutil, "copy2", real)
+    run_study(depth_run_specs(_config(grid, tmp_path / "d")), tmp_path / "d", "depth-study", title="depth study")
+    assert trained == [] and finished_run(tmp_path / "d" / "vit_depth1_seed0", specs[0].config) is not None
+
+
+@pytest.mark.parametrize("where", ["source", "copy"])
+def test_a_copy_that_does_not_verify_is_removed(grid, tmp_path, monkeypatch, where):
+    """The source damaged after it was judged, or the copy damaged on its way (the copy itself is verified)."""
+    from vitlab.experiments.record import UnverifiedRun
+    from vitlab.experiments.runs import copy_run
+
+    def damage(weights: Path) -> None:
+        weights.write_bytes(weights.read_bytes()[:-8] + bytes(8))
+
+    source = tmp_path / "run"
+    shutil.copytree(grid / "vit_depth1_lr0.003_seed0", source)
+    spec = depth_run_specs(_config(grid, tmp_path / "d"))[0]
+    if where == "source":
+        damage(source / "model.safetensors")
+    else:
+        real = shutil.copy2
+
+        def damaging(src, dst, **kw):
+            real(src, dst, **kw)
+            if Path(dst).name == "model.safetensors":
+                damage(Path(dst))
+
+        monkeypatch.setattr(shutil, "copy2", damaging)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UnverifiedRun):
+        copy_run(source, tmp_path / "d" / spec.name, spec.config)
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+@pytest.mark.full  # a real lr-sensitivity study, then the depth study from its folder, both end to end
+def test_a_real_grid_then_the_depth_study_reads_seed_0_from_it(tmp_path, trained, capsys):
+    from vitlab.cli import main
+
+    grid = tmp_path / "grid"  # 2 blocks: the diagnostics of one block compare no layers
+    assert main(["lr-sensitivity", "--depths", "2", "--variants", "vit", "--lrs", "1e-3,3e-3", "--epochs", "1",
+                 "--batch-size", "16", "--limit-train", "32", "--limit-test", "16", "--val-split", "0.25",
+                 "--probe-images", "8", "--set", "embed_dim=16", "--set", "num_heads=2", "--no-progress",
+                 "--output", str(grid)]) == 0
+    best = float(read_rows(grid / "sensitivity.csv")[0]["best_lr"])
+    trained.clear()
+    capsys.readouterr()
+    out = tmp_path / "d"
+    argv = _argv(out, "--lr-from", str(grid), "--seeds", "2", "--probe-images", "8", depths="2")
+    assert main(argv) == 0
+    assert trained == ["vit_depth2_seed1"]
+    source = grid / grid_run_name("vit", 2, best, 0)
+    assert f"vit_depth2_seed0: reused from {source}; test accuracy" in capsys.readouterr().err
+    rows = read_rows(out / "results.csv")
+    assert [r["run"] for r in rows] == ["vit_depth2_seed0", "vit_depth2_seed1"]
+    spec = depth_run_specs(_config(grid, out, seeds=2, depth=2))[0]
+    assert spec.name == "vit_depth2_seed0" and finished_run(out / spec.name, spec.config) is not None
+    assert main(argv) == 0  # read back: nothing trained or copied
+    assert trained == ["vit_depth2_seed1"]
+    assert "reused" not in capsys.readouterr().err
