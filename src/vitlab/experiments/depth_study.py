@@ -8,8 +8,11 @@ this machine holds. Every variant shares the base preset's width, heads, image a
 Accuracy is the final epoch's on the test set; with ``--val-split`` also the final and best validation accuracy
 (the best epoch chosen on the held-out training images, never on the test set).
 
-One file (about 450 lines): the variants table, the plan and the result rows of one study; diagnostics and
-figures live in :mod:`vitlab.analysis`.
+With ``--lr-from`` each variant and depth trains at the rate a learning-rate study chose (``--lr-of V``: at V's),
+and a run that study already trained with the same settings is copied in, not trained (:func:`reuse_grid`).
+
+One file (about 550 lines): the variants table, the plan and the result rows of one study; diagnostics and
+figures live in :mod:`vitlab.analysis` and :mod:`vitlab.plots`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ when it already finished, with one progress line per run; and the study's own fo
 A run whose record verifies (:mod:`vitlab.experiments.record`: a complete ``summary.json``, its ``config.json``
 under the manifest's checksum and equal to the cell's settings) is read back, not re-run, so a study interrupted
 half-way resumes where it stopped when invoked again; a run folder that can be neither read back nor trained over
-is refused before anything is written. A study ends with :func:`exit_status`: 0 when every run finished,
+is refused before anything is written. A run whose spec names a ``source`` (a finished run of another study that its
+caller verified against the run's settings: ``vitlab depth-study --lr-from``) is copied in instead of trained
+(:func:`copy_run`). A study ends with :func:`exit_status`: 0 when every run finished,
 :data:`RUNS_FAILED` (3) when some failed, each named in one line. The command-line side (argparse options, the
 run config they make, the command a report shows) is :mod:`vitlab.commands.options`; values given as text are read
 by :mod:`vitlab.train.config`.
