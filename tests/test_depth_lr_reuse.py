@@ -159,6 +159,19 @@ def test_a_grid_run_of_other_settings_is_named_and_not_reused(grid, tmp_path, tr
     assert "1 of 1 runs to train" in captured.out and "reused from" not in captured.out
 
 
+def test_a_grid_run_kept_without_weights_is_not_reused(grid, tmp_path, capsys):
+    kept = tmp_path / "grid"
+    shutil.copytree(grid, kept)
+    for name in ("model.safetensors", "state.pt", "manifest.json"):  # scripts/findings_tables.py --keep-runs
+        (kept / "vit_depth1_lr0.003_seed0" / name).unlink()
+    spec = depth_run_specs(_config(grid, tmp_path / "x"))[0]
+    assert finished_run(kept / "vit_depth1_lr0.003_seed0", spec.config)  # the engine reads such a record back
+    capsys.readouterr()
+    assert depth_run_specs(_config(kept, tmp_path / "d"))[0].source is None
+    err = capsys.readouterr().err
+    assert f"not reused from {kept / 'vit_depth1_lr0.003_seed0'}: it holds no model.safetensors" in err, err
+
+
 def test_other_epochs_train_the_run(grid, tmp_path, trained):
     from vitlab.experiments.runs import run_study
 

@@ -429,18 +429,21 @@ def grid_run_name(variant: str, depth: int, lr: float, seed: int) -> str:
 
 def grid_problem(grid_run: Path, spec: RunSpec, out: Path) -> str | None:
     """Why the finished run ``grid_run`` of a learning-rate study cannot stand in for ``spec`` (None: it can): it has
-    not finished, its record does not verify (:mod:`vitlab.experiments.record`), or a setting that matters differs.
+    not finished, it holds no weights (a kept record: the diagnostics need them), its record does not verify
+    (:mod:`vitlab.experiments.record`), or a setting that matters differs.
     Settings are compared as the run would train them (:func:`vitlab.train.plan.plan_run`: options left to the
     recipe resolved, the model as built), so an option given to one study and not the other is a difference too;
     the result-neutral options (:data:`vitlab.train.config.RESULT_NEUTRAL`: output, threads, device...) are not."""
     from vitlab.checkpoint import ModelSpec
     from vitlab.errors import CheckpointError
-    from vitlab.experiments.record import SUMMARY, UnverifiedRun, check_run, verified_config
+    from vitlab.experiments.record import SUMMARY, WEIGHTS, UnverifiedRun, check_run, verified_config
     from vitlab.train.config import RESULT_NEUTRAL
     from vitlab.train.plan import plan_run
 
     if grid_run.is_symlink() or not grid_run.is_dir() or not (grid_run / SUMMARY).is_file():
         return "it has not finished"
+    if not (grid_run / WEIGHTS).is_file():
+        return f"it holds no {WEIGHTS} (a run record kept without weights), which the diagnostics read"
     try:
         config = verified_config(grid_run)
     except CheckpointError as exc:
