@@ -313,11 +313,12 @@ def study_grid(cells: dict[str, dict[float, dict[int, float]]]) -> list[float]:
 
 
 def lr_sensitivities(arm: str, runs: Path = RUNS) -> dict[int, float]:
-    """``{seed: LR sensitivity}`` of ``STUDY/PREFIX`` for each seed that finished every rate of the study's shared
-    grid (:func:`study_grid`): the study's own definition,
-    :func:`vitlab.experiments.lr_sensitivity.lr_sensitivity` ``(curve, grid)``: the mean over the grid of the
-    seed's capped loss minus its minimum over the seed's whole curve (which includes any rate the cell added beyond
-    the grid's edge). Where every cell has the same rates (section 7) that is the mean over the cell's own curve."""
+    """``{seed: LR sensitivity}`` of ``STUDY/PREFIX`` for each seed that finished every rate of its cell's curve (the
+    rates any run of ``PREFIX`` has: the study's shared grid, :func:`study_grid`, and any rate the cell added beyond
+    the grid's edge): the study's own definition, :func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`
+    ``(curve, grid)``, the mean over the grid of the seed's capped loss minus its minimum over the whole curve (as
+    ``vitlab lr-sensitivity``'s ``seed_sensitivities``). Where every cell has the same rates (section 7) that is the
+    mean over the cell's own curve."""
     from vitlab.experiments.lr_sensitivity import lr_sensitivity
 
     study, prefix = arm.split("/", 1)
@@ -328,7 +329,7 @@ def lr_sensitivities(arm: str, runs: Path = RUNS) -> dict[int, float]:
     out = {}
     for seed in sorted({s for by_seed in losses.values() for s in by_seed}):
         curve = {lr: by_seed[seed] for lr, by_seed in losses.items() if seed in by_seed}
-        if grid and set(grid) <= set(curve):
+        if grid and set(losses) <= set(curve):  # the cell's every rate, so the grid's too
             out[seed] = lr_sensitivity(curve, grid)
     return out
 

@@ -149,8 +149,9 @@ def test_lr_sensitivity_is_the_mean_over_the_shared_grid_and_the_minimum_over_th
 
     grid = {1e-3: 0.9, 2e-3: 0.7, 4e-3: 0.6}
     vit = {0: {**grid, 8e-3: 0.5},  # best beyond the grid's edge: the extension bracketed it
-           1: {1e-3: 0.8, 2e-3: 0.75, 4e-3: 0.7},
-           2: {1e-3: 0.8, 2e-3: 0.75}}  # seed 2 has not finished the grid
+           1: {1e-3: 0.8, 2e-3: 0.75, 4e-3: 0.7, 8e-3: 0.72},
+           2: {1e-3: 0.8, 2e-3: 0.75, 4e-3: 0.7},  # the grid, not the cell's extension: its minimum is unknown
+           3: {1e-3: 0.8, 2e-3: 0.75}}  # not the grid either
     for seed, curve in vit.items():
         for lr, loss in curve.items():
             _run(tmp_path, "depth_budget_grid", f"vit_depth6_lr{lr:g}_seed{seed}", seed=seed, val_loss=loss)
