@@ -234,6 +234,19 @@ def test_an_interrupted_copy_leaves_nothing_under_the_runs_name(grid, tmp_path, 
     assert trained == [] and finished_run(tmp_path / "d" / "vit_depth1_seed0", specs[0].config) is not None
 
 
+def test_a_copy_left_by_a_killed_study_is_removed_by_the_next_copy(grid, tmp_path, trained):
+    """A SIGKILL between the copy's start and its rename leaves a hidden sibling; the next copy of that run (the
+    study's lock held) removes it."""
+    from vitlab.experiments.runs import run_study
+
+    stale = tmp_path / "d" / ".vit_depth1_seed0.abc123.copy"
+    stale.mkdir(parents=True)
+    (stale / "summary.json").write_text("{")
+    run_study(depth_run_specs(_config(grid, tmp_path / "d")), tmp_path / "d", "depth-study", title="depth study")
+    assert trained == [] and not stale.exists()
+    assert sorted(p.name for p in (tmp_path / "d").iterdir() if p.name.endswith(".copy")) == []
+
+
 @pytest.mark.parametrize("where", ["source", "copy"])
 def test_a_copy_that_does_not_verify_is_removed(grid, tmp_path, monkeypatch, where):
     """The source damaged after it was judged, or the copy damaged on its way (the copy itself is verified)."""

@@ -42,3 +42,16 @@ def test_depth_and_lr_figures_draw_depth_with_depth_axis(module: str, tmp_path: 
         lr.plot_sensitivity(sens, ["vit"], tmp_path / "s.png")
     assert seen and all(s == [2, 4, 8] for s in seen)
     assert next(tmp_path.iterdir()).stat().st_size > 0
+
+
+def test_similarity_of_a_one_block_model_read_back_from_json_draws(tmp_path):
+    """One block has no pair of blocks to compare: its similarity is NaN, which diagnostics.json stores as null and
+    reads back as None; the heatmap draws it as empty and its title says n/a."""
+    import json
+
+    from vitlab.plots.depth import plot_similarity
+
+    diag = {"collapse": [{"group": "self_attention", "mean_similarity": float("nan"), "similarity": [[float("nan")]]}]}
+    diag = json.loads(json.dumps(diag).replace("NaN", "null"))  # as diagnostics.json reads back
+    out = plot_similarity({"vit": diag}, 1, tmp_path / "sim.png")
+    assert out.is_file() and out.stat().st_size > 0

@@ -422,8 +422,7 @@ def study_rates(config: DepthStudyConfig) -> dict[tuple[str, int], float] | None
 
 def grid_run_name(variant: str, depth: int, lr: float, seed: int) -> str:
     """The folder ``vitlab lr-sensitivity`` trains ``variant`` at ``depth``, rate ``lr`` and ``seed`` in (its
-    ``lr_specs``; spelled here because that module imports this one, and tests/test_depth_lr_reuse.py holds the two
-    to the same names)."""
+    ``lr_specs`` names its runs with this function; the rate as ``lr_name`` writes it)."""
     return f"{variant}_depth{depth}_lr{lr:g}_seed{seed}"
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import ConfigError
-from vitlab.experiments.depth_study import DESCRIPTIONS, VARIANT_RUN, depth_specs
+from vitlab.experiments.depth_study import DESCRIPTIONS, VARIANT_RUN, depth_specs, grid_run_name
 from vitlab.experiments.runs import RunSpec, failed
 from vitlab.experiments.table import diverged, mean_std, summary_value
 
@@ -53,7 +53,7 @@ def lr_specs(base: str, depths: list[int], variants: list[str], lrs: list[float]
     for lr in lrs:
         for s in depth_specs(base, depths, variants, seeds, cfg.replace(lr=lr), shared):
             info = {**s.info, "lr": lr}
-            name = f"{info['variant']}_depth{info['depth']}_lr{lr_name(lr)}_seed{info['seed']}"
+            name = grid_run_name(info["variant"], info["depth"], lr, info["seed"])
             specs.append(RunSpec(name, s.config, info))
     order = {v: i for i, v in enumerate(variants)}
     return sorted(specs, key=lambda s: (s.info["seed"], -s.info["depth"], order[s.info["variant"]], s.info["lr"]))

@@ -119,6 +119,8 @@ def copy_run(source: Path, run_dir: Path, cfg: Any) -> dict:
         with open(dst, "rb") as fh:
             os.fsync(fh.fileno())
 
+    for stale in run_dir.parent.glob(f".{run_dir.name}.*.copy"):  # a copy killed before its rename (SIGKILL)
+        shutil.rmtree(stale, ignore_errors=True)  # the study's lock is held: no other process copies here now
     tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}.", suffix=".copy"))
     try:
         shutil.copytree(source, tmp, symlinks=True, ignore=shutil.ignore_patterns(LOCK), copy_function=synced,

@@ -156,8 +156,10 @@ def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Pa
     for variant, diag in diags.items():
         for key, label in (("collapse", variant), ("collapse_pre_mix", f"{variant} pre-mix")):
             sa = next((g for g in diag.get(key, []) if g["group"] == "self_attention"), None)
-            if sa:
-                panels.append((f"{label} (mean {sa['mean_similarity']:.2f})", np.array(sa["similarity"])))
+            if sa:  # one block has no pair to compare: its similarity is NaN (null once read back from JSON)
+                mean = sa.get("mean_similarity")
+                shown = f"{mean:.2f}" if isinstance(mean, int | float) and m.isfinite(mean) else "n/a"
+                panels.append((f"{label} (mean {shown})", np.array(sa["similarity"], dtype=float)))
     cols = min(3, len(panels))
     rows = m.ceil(len(panels) / cols)
     lo = min(0.0, *(float(p[1].min()) for p in panels))
