@@ -301,3 +301,30 @@ def test_a_real_grid_then_the_depth_study_reads_seed_0_from_it(tmp_path, trained
     assert main(argv) == 0  # read back: nothing trained or copied
     assert trained == ["vit_depth2_seed1"]
     assert "reused" not in capsys.readouterr().err
+
+
+def test_reuse_copies_another_depth_studys_run_of_the_same_name_and_settings(grid, tmp_path, trained, capsys):
+    """``--reuse STUDY``: the same-rate control (every arm at the ViT's rate) copies the main study's runs of an arm
+    whose own rate is the ViT's; a run there of other settings (another rate) trains."""
+    from vitlab.experiments.runs import run_study
+
+    main_study = tmp_path / "main"
+    run_study(depth_run_specs(_config(grid, main_study, seeds=2, variants=("vit", "layerscale"))), main_study,
+              "depth-study", title="depth study")
+    assert sorted(trained) == ["layerscale_depth1_seed1", "vit_depth1_seed1"]  # seed 0 came from the grid
+    trained.clear()
+    # every arm at layerscale's rate (1e-3): layerscale's runs are the main study's; vit at 1e-3 is not (3e-3 there)
+    specs = depth_run_specs(_config(grid, tmp_path / "same", seeds=2, variants=("vit", "layerscale"),
+                                    lr_of="layerscale", reuse=str(main_study)))
+    sources = {s.name: s.source for s in specs}
+    assert sources["layerscale_depth1_seed1"] == str(main_study / "layerscale_depth1_seed1"), sources
+    assert sources["vit_depth1_seed1"] is None, sources
+    assert "vit_depth1_seed1: not reused from" in capsys.readouterr().err
+    out, _ = run_study(specs, tmp_path / "same", "depth-study", title="depth study")
+    assert sorted(trained) == ["vit_depth1_seed0", "vit_depth1_seed1"]
+    assert finished_run(out / "layerscale_depth1_seed1", specs[-1].config) is not None
+    capsys.readouterr()
+    # refusals: no such folder, or the study's own folder
+    for bad, words in ((tmp_path / "nowhere", "no such folder"), (tmp_path / "same", "this study's own --output")):
+        msg = cli_error(capsys, _argv(tmp_path / "same", "--lr-from", str(grid), "--reuse", str(bad)))
+        assert words in msg, msg

@@ -58,6 +58,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--lr-of", default=None, metavar="VARIANT",
                    help="with --lr-from: train every variant at the rate it chose for VARIANT at that depth (the "
                         "same-rate control, e.g. --lr-of vit: each arm at the plain ViT's rate)")
+    p.add_argument("--reuse", default=None, metavar="STUDY",
+                   help="the folder of another `vitlab depth-study`: a run finished there under this run's name, "
+                        "with the same settings (checked as --lr-from's grid runs are), is copied into --output "
+                        "instead of trained, e.g. the same-rate control reusing the main study's runs of an arm whose "
+                        "own rate is the ViT's")
     add_run_options(p)
     add_study_output_options(p)
     p.set_defaults(func=run, _parser=p)
@@ -82,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                               **study_fields(args), seeds=args.seeds, num_images=args.num_images,
                               threshold=args.threshold, shared=parse_set(args.set), analyze_runs=args.analyze_runs,
                               logger=args.logger, probe_images=args.probe_images, lr_from=args.lr_from,
-                              lr_of=args.lr_of)
+                              lr_of=args.lr_of, reuse=args.reuse)
     check_depth_study(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

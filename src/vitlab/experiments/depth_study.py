@@ -371,6 +371,7 @@ class DepthStudyConfig:
     force: bool = False  # replace the files of the study's names in an --output folder vitlab did not claim
     lr_from: str | None = None  # a learning-rate study's sensitivity.csv: each variant and depth at its best rate
     lr_of: str | None = None  # with lr_from: every variant at the rate chosen for this variant (same-rate control)
+    reuse: str | None = None  # another depth study's folder: a run there with this run's name and settings is copied
 
 
 def variant_notes(variants: list[str]) -> list[str]:
@@ -391,6 +392,14 @@ def check_depth_study(config: DepthStudyConfig) -> Any:
     if base_model.arch != "vit":
         raise ConfigError(f"--base {config.base} is a {base_model.arch} preset; pass a ViT preset (e.g. vit_mnist) "
                           "whose width the variants share")
+    if config.reuse is not None:
+        reuse = Path(config.reuse).expanduser()
+        if not reuse.is_dir():
+            raise ConfigError(f"--reuse {config.reuse}: no such folder; pass the output folder of another "
+                              "`vitlab depth-study` whose finished runs this study may copy")
+        if reuse.resolve() == Path(config.output).expanduser().resolve():
+            raise ConfigError(f"--reuse {config.reuse} is this study's own --output, whose finished runs are read "
+                              "back anyway; drop --reuse or name another study's folder")
     if config.lr_of is not None:
         if not config.lr_from:
             raise ConfigError(f"--lr-of {config.lr_of} picks a rate --lr-from read; add --lr-from STUDY (a finished "
@@ -470,13 +479,23 @@ def reuse_grid(specs: list[RunSpec], grid: Path, out: Path, title: str = "depth 
     run of the learning-rate study ``grid`` with its variant, depth, rate and seed, where that run can stand in for
     it (:func:`grid_problem`): :func:`vitlab.experiments.runs.run_study` copies it in instead of training. A grid
     run that cannot is named in one line on stderr, with why, and the run trains."""
+    return reuse_runs(specs, grid, out, lambda spec: grid_run_name(spec.info["variant"], spec.info["depth"],
+                                                                   spec.config.lr, spec.info["seed"]), title)
+
+
+def reuse_runs(specs: list[RunSpec], source: Path, out: Path, name: Callable[[RunSpec], str] = lambda s: s.name,
+               title: str = "depth study") -> list[RunSpec]:
+    """Point each run of ``specs`` that has no folder in ``out`` and no source yet to the run ``source / name(spec)``
+    where that run can stand in for it (:func:`grid_problem`: finished, verified, the same settings as the run
+    would train with); ``run_study`` copies it in instead of training. ``--reuse STUDY`` uses the run's own name (a
+    run another depth study trained: the phase-2 runs a same-rate control shares where an arm's rate is the
+    ViT's); a run there that cannot stand in is named in one line on stderr, with why, and the run trains."""
     import os
     import sys
 
     for spec in specs:
-        info = spec.info
-        grid_run = grid / grid_run_name(info["variant"], info["depth"], spec.config.lr, info["seed"])
-        if os.path.lexists(out / spec.name) or not os.path.lexists(grid_run):
+        grid_run = source / name(spec)
+        if spec.source or os.path.lexists(out / spec.name) or not os.path.lexists(grid_run):
             continue
         problem = grid_problem(grid_run, spec, out)
         if problem is None:
@@ -496,6 +515,8 @@ def depth_run_specs(config: DepthStudyConfig) -> list[RunSpec]:
                         config.shared, study_rates(config))
     if config.lr_from and Path(config.lr_from).is_dir() and not config.finished_only:
         specs = reuse_grid(specs, Path(config.lr_from).expanduser(), Path(config.output).expanduser())
+    if config.reuse and not config.finished_only:
+        specs = reuse_runs(specs, Path(config.reuse).expanduser(), Path(config.output).expanduser())
     return specs
 
 
@@ -543,6 +564,8 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
             "seeds": config.seeds, "num_images": n, "threshold": config.threshold, "run_config": cfg.to_dict()}
     if config.lr_from:
         meta.update({"lr_from": str(config.lr_from), **({"lr_of": config.lr_of} if config.lr_of else {})})
+    if config.reuse:
+        meta["reuse"] = str(config.reuse)
     title = f"Depth study on {cfg.dataset} (width of {config.base})"
     result = write_study(out, rows, ratio_rows, layer_rows, deepest, variants=variants, depths=depths,
                          threshold=config.threshold, title=title, command=config.command, meta=meta,
