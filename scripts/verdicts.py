@@ -220,10 +220,11 @@ def _budget_claims() -> tuple[Claim, ...]:
                              "own best rate", f"depth_budget/{a}_depth{d}", f"depth_budget/vit_depth{d}",
                              runs=BUDGET_SEEDS))
     out += [Claim("budget-vit-sens-depth", "10", "the plain ViT's LR sensitivity grows with depth: lower at 6 blocks "
-                  "than at 24 (Wortsman et al. 2023)", "depth_budget_grid/vit_depth6", "depth_budget_grid/vit_depth24",
-                  measure="lr_sens", runs=3),
+                  "than at 24 (Wortsman et al. 2023)", "depth_budget_wortsman/vit_depth6",
+                  "depth_budget_wortsman/vit_depth24", measure="lr_sens", runs=3),
             Claim("budget-qk-sens-24", "10", "QK-layernorm lowers the LR sensitivity at 24 blocks (Wortsman et al. "
-                  "2023)", "depth_budget_grid/qknorm_depth24", "depth_budget_grid/vit_depth24", measure="lr_sens",
+                  "2023)", "depth_budget_wortsman/qknorm_depth24", "depth_budget_wortsman/vit_depth24",
+                  measure="lr_sens",
                   runs=3)]
     for d in (6, 12, 24):  # the same-rate control: each arm at the ViT's best rate
         for a in BUDGET_ARMS[1:]:

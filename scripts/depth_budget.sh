@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The rate x depth study of docs/findings.md section 10, every phase in the order the design runs them. Each phase
+# reads back the runs that finished, so the same command resumes after any stop (restore committed records first:
+# `python scripts/findings_tables.py docs/findings.md --restore-runs docs/results/runs runs/findings`).
+#
+#   bash scripts/depth_budget.sh            # all phases, two worker processes of one thread each
+#   WORKERS=1 bash scripts/depth_budget.sh  # one worker (leaves a core free for other work)
+#   PHASES="1 2" bash scripts/depth_budget.sh
+#   DRY_RUN=1 bash scripts/depth_budget.sh  # each command's --dry-run: the runs it would train, nothing written
+#
+# Phases: 1 the rate grid (seed 0, 5 rates, --bracket 3 adds rates beyond an edge best); 2 five seeds at each cell's
+# best rate (seed 0 copied from the grid); 3 the same-rate control (each arm at the ViT's rate, the ViT's own runs and
+# those of an arm whose rate is the ViT's copied from phase 2); 4 drop-path 0.1, uniform and linear, at 24 blocks for
+# the arm with the best phase-2 validation accuracy there (scripts/verdicts.py best_arm; never the test set);
+# 5 Wortsman et al.'s claims: the grid at seeds 0-2 for the plain ViT and QK-layernorm at 6 and 24 blocks (seed 0
+# copied from phase 1). Data: `apt-get install dataset-fashion-mnist`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+D=${D:-/usr/share/datasets/fashion-mnist}
+OUT=${OUT:-runs/findings}
+WORKERS=${WORKERS:-2}
+PHASES=${PHASES:-1 2 3 4 5}
+PYTHON=${PYTHON:-python}
+VITLAB=(${VITLAB:-$PYTHON -m vitlab})
+ARMS=vit,qknorm,layerscale,cait,deepvit
+GRID=$OUT/depth_budget_grid
+COMMON=(${DRY_RUN:+--dry-run} --dataset fashion-mnist --data-dir "$D" --base vit_mnist --limit-train 15000 --val-split 0.33334
+        --run-set stratify=true --epochs 50 --threads 1 --workers "$WORKERS" --no-progress)
+RATES=(--lrs 5e-4,1e-3,2e-3,4e-3,8e-3 --bracket 3)
+
+for phase in $PHASES; do
+  case $phase in
+  1)  # shallow cells first: each invocation adds deeper ones to the same folder
+    for depths in 6 6,12 6,12,24; do
+      "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths $depths --variants $ARMS "${RATES[@]}" --seeds 1 \
+          --output "$GRID"
+    done ;;
+  2)
+    "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths 6,12,24 --variants $ARMS --seeds 5 --lr-from "$GRID" \
+        --output "$OUT/depth_budget" ;;
+  3)
+    "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths 6,12,24 --variants qknorm,layerscale,cait,deepvit --seeds 5 \
+        --lr-from "$GRID" --lr-of vit --reuse "$OUT/depth_budget" --output "$OUT/depth_budget_same_rate" ;;
+  4)
+    best=$(PYTHONPATH=scripts "$PYTHON" -c "import sys; from pathlib import Path; import verdicts; \
+print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
+    if [ -z "$best" ]; then
+      echo "depth_budget.sh: phase 4 needs phase 2's 24-block runs (5 seeds of every arm) to choose its arm" >&2
+      exit 2
+    fi
+    for rule in uniform linear; do
+      "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths 24 --variants "$best" --seeds 5 --lr-from "$GRID" \
+          --run-set drop_path=0.1 --run-set drop_path_rule=$rule --output "$OUT/depth_budget_dp_$rule"
+    done ;;
+  5)
+    [ -z "${DRY_RUN:-}" ] && mkdir -p "$OUT/depth_budget_wortsman"
+    for run in "$GRID"/{vit,qknorm}_depth{6,24}_lr*_seed0; do  # seed 0: phase 1's runs, verified when read back
+      [ -z "${DRY_RUN:-}" ] && [ -d "$run" ] && [ ! -e "$OUT/depth_budget_wortsman/$(basename "$run")" ] && \
+        cp -r "$run" "$OUT/depth_budget_wortsman/.$(basename "$run").cp" && \
+        mv "$OUT/depth_budget_wortsman/.$(basename "$run").cp" "$OUT/depth_budget_wortsman/$(basename "$run")"
+    done
+    "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths 6,24 --variants vit,qknorm "${RATES[@]}" --seeds 3 \
+        --output "$OUT/depth_budget_wortsman" ;;
+  *) echo "depth_budget.sh: unknown phase $phase; choose from 1 2 3 4 5" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,94 @@
+"""scripts/depth_budget.sh, the rate x depth study of the findings page's section 10: every phase's command is one
+the CLI accepts, with the options the design names; phase 4 trains the arm chosen on validation accuracy; phase 5
+starts from phase 1's seed-0 runs; DRY_RUN passes --dry-run and copies nothing. The script runs here against a
+stand-in for `vitlab` that records its arguments (the real commands train for hours)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_rate_depth import _phase2_at_24
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "depth_budget.sh"
+
+
+def _run(tmp_path: Path, phases: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    log = tmp_path / "calls.jsonl"
+    fake = tmp_path / "fake_vitlab.py"
+    fake.write_text(f"import json, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    out = tmp_path / "runs"
+    out.mkdir(exist_ok=True)
+    full = {**os.environ, "PHASES": phases, "OUT": str(out), "D": str(tmp_path / "data"), "PYTHON": sys.executable,
+            "VITLAB": f"{sys.executable} {fake}", "PYTHONPATH": os.pathsep.join(sys.path), **env}
+    done = subprocess.run(["bash", str(SCRIPT)], env=full, capture_output=True, text=True, timeout=120)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
+
+
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_every_phase_is_a_command_the_cli_accepts_with_the_designs_settings(tmp_path):
+    from vitlab.cli import build_parser
+
+    _phase2_at_24(tmp_path / "runs")  # phase 4 needs phase 2's 24-block records to choose its arm
+    done, calls = _run(tmp_path, "1 2 3 4 5")
+    assert done.returncode == 0, done.stderr
+    parser = build_parser()
+    for argv in calls:
+        args = parser.parse_args(argv)
+        assert (args.epochs, args.limit_train, args.val_split, args.threads, args.workers) == (50, 15000, 0.33334, 1,
+                                                                                                2), argv
+        assert args.dataset == "fashion-mnist" and "stratify=true" in args.run_set, argv
+    commands = [(a[0], _option(a, "--depths"), _option(a, "--output")) for a in calls]
+    grid, out = str(tmp_path / "runs" / "depth_budget_grid"), str(tmp_path / "runs")
+    assert commands == [
+        ("lr-sensitivity", "6", grid), ("lr-sensitivity", "6,12", grid), ("lr-sensitivity", "6,12,24", grid),
+        ("depth-study", "6,12,24", f"{out}/depth_budget"),
+        ("depth-study", "6,12,24", f"{out}/depth_budget_same_rate"),
+        ("depth-study", "24", f"{out}/depth_budget_dp_uniform"), ("depth-study", "24", f"{out}/depth_budget_dp_linear"),
+        ("lr-sensitivity", "6,24", f"{out}/depth_budget_wortsman")]
+    for argv in calls[:3] + calls[-1:]:
+        assert _option(argv, "--lrs") == "5e-4,1e-3,2e-3,4e-3,8e-3" and _option(argv, "--bracket") == "3", argv
+    assert _option(calls[3], "--seeds") == "5" and _option(calls[3], "--lr-from") == grid
+    assert _option(calls[4], "--lr-of") == "vit" and _option(calls[4], "--reuse") == f"{out}/depth_budget"
+    assert "vit" not in _option(calls[4], "--variants").split(",")  # the ViT's own runs are phase 2's
+    # phase 4: the arm with the best validation accuracy at 24 blocks (qknorm here; cait has the best test accuracy)
+    assert [_option(a, "--variants") for a in calls[5:7]] == ["qknorm", "qknorm"]
+    assert [a[a.index("drop_path_rule=uniform") - 1:a.index("drop_path_rule=uniform") + 1] for a in calls[5:6]] == [
+        ["--run-set", "drop_path_rule=uniform"]]
+    assert _option(calls[-1], "--seeds") == "3" and _option(calls[-1], "--variants") == "vit,qknorm"
+
+
+def test_phase_4_waits_for_phase_2(tmp_path):
+    done, calls = _run(tmp_path, "4")
+    assert done.returncode == 2 and calls == []
+    assert "phase 4 needs phase 2's 24-block runs" in done.stderr
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry-run"])
+def test_phase_5_starts_from_phase_1s_seed_0_runs(tmp_path, dry):
+    grid = tmp_path / "runs" / "depth_budget_grid"
+    for name in ("vit_depth6_lr0.002_seed0", "qknorm_depth24_lr0.016_seed0", "cait_depth6_lr0.002_seed0",
+                 "vit_depth12_lr0.002_seed0"):
+        (grid / name).mkdir(parents=True)
+        (grid / name / "summary.json").write_text("{}")
+    done, calls = _run(tmp_path, "5", **({"DRY_RUN": "1"} if dry else {}))
+    assert done.returncode == 0, done.stderr
+    assert ("--dry-run" in calls[0]) is dry
+    target = tmp_path / "runs" / "depth_budget_wortsman"
+    copied = sorted(p.name for p in target.iterdir()) if target.exists() else []
+    assert copied == ([] if dry else ["qknorm_depth24_lr0.016_seed0", "vit_depth6_lr0.002_seed0"])
+
+
+def test_an_unknown_phase_is_refused(tmp_path):
+    done, calls = _run(tmp_path, "6")
+    assert done.returncode == 2 and calls == [] and "unknown phase 6" in done.stderr
