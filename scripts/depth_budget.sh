@@ -5,7 +5,7 @@
 #
 #   bash scripts/depth_budget.sh            # all phases, two worker processes of one thread each
 #   WORKERS=1 bash scripts/depth_budget.sh  # one worker (leaves a core free for other work)
-#   PHASES="1 2" bash scripts/depth_budget.sh
+#   PHASES="2:6,12 3" bash scripts/depth_budget.sh   # some phases; PHASE:DEPTHS limits phase 1, 2 or 3 to depths
 #   DRY_RUN=1 bash scripts/depth_budget.sh  # each command's --dry-run: the runs it would train, nothing written
 #
 # Phases: 1 the rate grid (seed 0, 5 rates, --bracket 3 adds rates beyond an edge best); 2 five seeds at each cell's
@@ -13,13 +13,15 @@
 # those of an arm whose rate is the ViT's copied from phase 2); 4 drop-path 0.1, uniform and linear, at 24 blocks for
 # the arm with the best phase-2 validation accuracy there (scripts/verdicts.py best_arm; never the test set);
 # 5 Wortsman et al.'s claims: the grid at seeds 0-2 for the plain ViT and QK-layernorm at 6 and 24 blocks (seed 0
-# copied from phase 1). Data: `apt-get install dataset-fashion-mnist`.
+# copied from phase 1). The default order runs phases 1 and 2 to 12 blocks first, so the shallow cells' verdicts come
+# before the 24-block grid's hours; each cell's rate is its own grid's either way. Data: `apt-get install
+# dataset-fashion-mnist`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=${D:-/usr/share/datasets/fashion-mnist}
 OUT=${OUT:-runs/findings}
 WORKERS=${WORKERS:-2}
-PHASES=${PHASES:-1 2 3 4 5}
+PHASES=${PHASES:-1:6,12 2:6,12 1:6,12,24 2:6,12,24 3 4 5}
 PYTHON=${PYTHON:-python}
 VITLAB=(${VITLAB:-$PYTHON -m vitlab})
 ARMS=vit,qknorm,layerscale,cait,deepvit
@@ -28,19 +30,20 @@ COMMON=(${DRY_RUN:+--dry-run} --dataset fashion-mnist --data-dir "$D" --base vit
         --run-set stratify=true --epochs 50 --threads 1 --workers "$WORKERS" --no-progress)
 RATES=(--lrs 5e-4,1e-3,2e-3,4e-3,8e-3 --bracket 3)
 
-for phase in $PHASES; do
+for item in $PHASES; do
+  phase=${item%%:*}
+  depths=6,12,24
+  [ "$item" != "$phase" ] && depths=${item#*:}
   case $phase in
-  1)  # shallow cells first: each invocation adds deeper ones to the same folder
-    for depths in 6 6,12 6,12,24; do
-      "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths $depths --variants $ARMS "${RATES[@]}" --seeds 1 \
-          --output "$GRID"
-    done ;;
+  1)  # each invocation with more depths adds them to the same folder; finished runs are read back
+    "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$depths" --variants $ARMS "${RATES[@]}" --seeds 1 \
+        --output "$GRID" ;;
   2)
-    "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths 6,12,24 --variants $ARMS --seeds 5 --lr-from "$GRID" \
+    "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths "$depths" --variants $ARMS --seeds 5 --lr-from "$GRID" \
         --output "$OUT/depth_budget" ;;
   3)
-    "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths 6,12,24 --variants qknorm,layerscale,cait,deepvit --seeds 5 \
-        --lr-from "$GRID" --lr-of vit --reuse "$OUT/depth_budget" --output "$OUT/depth_budget_same_rate" ;;
+    "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths "$depths" --variants qknorm,layerscale,cait,deepvit \
+        --seeds 5 --lr-from "$GRID" --lr-of vit --reuse "$OUT/depth_budget" --output "$OUT/depth_budget_same_rate" ;;
   4)
     best=$(PYTHONPATH=scripts "$PYTHON" -c "import sys; from pathlib import Path; import verdicts; \
 print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
@@ -61,6 +64,7 @@ print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
     done
     "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths 6,24 --variants vit,qknorm "${RATES[@]}" --seeds 3 \
         --output "$OUT/depth_budget_wortsman" ;;
-  *) echo "depth_budget.sh: unknown phase $phase; choose from 1 2 3 4 5" >&2; exit 2 ;;
+  *) echo "depth_budget.sh: unknown phase $item; choose from 1 2 3 4 5 (1-3 may name depths: 2:6,12)" >&2
+     exit 2 ;;
   esac
 done

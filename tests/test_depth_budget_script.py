@@ -40,7 +40,7 @@ def test_every_phase_is_a_command_the_cli_accepts_with_the_designs_settings(tmp_
     from vitlab.cli import build_parser
 
     _phase2_at_24(tmp_path / "runs")  # phase 4 needs phase 2's 24-block records to choose its arm
-    done, calls = _run(tmp_path, "1 2 3 4 5")
+    done, calls = _run(tmp_path, "")  # the default order
     assert done.returncode == 0, done.stderr
     parser = build_parser()
     for argv in calls:
@@ -50,13 +50,13 @@ def test_every_phase_is_a_command_the_cli_accepts_with_the_designs_settings(tmp_
         assert args.dataset == "fashion-mnist" and "stratify=true" in args.run_set, argv
     commands = [(a[0], _option(a, "--depths"), _option(a, "--output")) for a in calls]
     grid, out = str(tmp_path / "runs" / "depth_budget_grid"), str(tmp_path / "runs")
-    assert commands == [
-        ("lr-sensitivity", "6", grid), ("lr-sensitivity", "6,12", grid), ("lr-sensitivity", "6,12,24", grid),
-        ("depth-study", "6,12,24", f"{out}/depth_budget"),
+    assert commands == [  # phases 1 and 2 to 12 blocks first, then to 24
+        ("lr-sensitivity", "6,12", grid), ("depth-study", "6,12", f"{out}/depth_budget"),
+        ("lr-sensitivity", "6,12,24", grid), ("depth-study", "6,12,24", f"{out}/depth_budget"),
         ("depth-study", "6,12,24", f"{out}/depth_budget_same_rate"),
         ("depth-study", "24", f"{out}/depth_budget_dp_uniform"), ("depth-study", "24", f"{out}/depth_budget_dp_linear"),
         ("lr-sensitivity", "6,24", f"{out}/depth_budget_wortsman")]
-    for argv in calls[:3] + calls[-1:]:
+    for argv in [calls[0], calls[2], calls[-1]]:
         assert _option(argv, "--lrs") == "5e-4,1e-3,2e-3,4e-3,8e-3" and _option(argv, "--bracket") == "3", argv
     assert _option(calls[3], "--seeds") == "5" and _option(calls[3], "--lr-from") == grid
     assert _option(calls[4], "--lr-of") == "vit" and _option(calls[4], "--reuse") == f"{out}/depth_budget"
@@ -92,3 +92,9 @@ def test_phase_5_starts_from_phase_1s_seed_0_runs(tmp_path, dry):
 def test_an_unknown_phase_is_refused(tmp_path):
     done, calls = _run(tmp_path, "6")
     assert done.returncode == 2 and calls == [] and "unknown phase 6" in done.stderr
+
+
+def test_a_phase_may_name_its_depths(tmp_path):
+    done, calls = _run(tmp_path, "2:6 3:12,24")
+    assert done.returncode == 0, done.stderr
+    assert [(a[0], _option(a, "--depths")) for a in calls] == [("depth-study", "6"), ("depth-study", "12,24")]
