@@ -197,7 +197,8 @@ CLAIMS = (
 
 # Section 10, the rate x depth study at the recipe's budget: phase 1 (depth_budget_grid: every arm and depth at every
 # rate, seed 0; depth_budget_wortsman: vit and qknorm at 6 and 24 blocks, seeds 0-2) and phase 2 (depth_budget: each
-# cell at its best rate, 5 seeds), then the controls. A claim is pending until both its arms have the runs the design plans (Claim.runs).
+# cell at its best rate, 5 seeds), then the controls. A claim is pending until both its arms have the runs the design
+# plans (Claim.runs).
 BUDGET_ARMS = ("vit", "qknorm", "layerscale", "cait", "deepvit")
 BUDGET_NAMES = {"vit": ("vit", "the plain ViT"), "qknorm": ("qk", "QK-layernorm"),
                 "layerscale": ("ls", "LayerScale"), "cait": ("cait", "CaiT"), "deepvit": ("deepvit", "DeepViT")}
