@@ -96,6 +96,25 @@ def setting_differences(cfg: Any, stored: dict[str, Any], built: dict[str, Any] 
     return out
 
 
+def length_difference(cfg: Any, stored: dict[str, Any], where: Path) -> list[str]:
+    """``["epochs A there, B now"]`` when the run stored as ``stored`` (its ``config.json``'s run settings) trained
+    another number of epochs than ``cfg`` would (:func:`vitlab.train.plan.plan_run`: ``--epochs`` left to the budget
+    or the recipe resolved), else ``[]``: so a study asked for the recipe's 50 epochs does not read back a run of 1.
+    The other options ``cfg`` leaves to the recipe are not compared (:func:`setting_differences`). ``where`` is a
+    folder name the plan may check but never writes (a finished run occupies the run's own). A run the plan cannot
+    be made for here (its data set not on this machine) gets ``[]``."""
+    from vitlab.errors import DataError
+    from vitlab.train.plan import plan_run
+
+    if cfg.epochs is not None or not isinstance(stored.get("epochs"), int):
+        return []  # typed: setting_differences compared it
+    try:
+        epochs = plan_run(cfg.replace(output=str(where)), count_macs=False).run.epochs
+    except (ConfigError, DataError, CheckpointError):
+        return []
+    return [] if epochs == stored["epochs"] else [f"epochs {stored['epochs']!r} there, {epochs!r} now"]
+
+
 def _checkpoint(run_dir: Path) -> list[str]:
     """The checkpoint files in ``run_dir`` (what training over the folder would replace)."""
     return [n for n in (CONFIG, WEIGHTS, STATE, MANIFEST) if os.path.lexists(run_dir / n)]
@@ -173,7 +192,8 @@ def check_run(run_dir: str | Path, cfg: Any) -> tuple[dict | None, str | None]:
                             f"and training it again would replace its {', '.join(held)}: restore the folder from a "
                             f"good copy, or {DELETE}") from None
     stored = config["run"] if isinstance(config.get("run"), dict) else {}
-    changed = setting_differences(cfg, stored, _built(config))
+    changed = setting_differences(cfg, stored, _built(config)) or length_difference(
+        cfg, stored, run_dir.with_name(f".{run_dir.name}.plan"))
     if changed:
         raise UnverifiedRun(_other_settings(run_dir, changed))
     problem = summary_problem(summary, stored.get("epochs"))

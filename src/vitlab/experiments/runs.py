@@ -184,8 +184,9 @@ def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
         flops = plan.estimated_flops()
         total, planned = total + (flops or 0), planned + 1
         print(f"{head}{' (resumed)' if resume else ''}: {plan.describe().removeprefix('vitlab train: ')}")
+    where = f"{out_dir} is not created" if not os.path.lexists(out_dir) else f"nothing in {out_dir} changes"
     print(f"{title}: {planned} of {len(specs)} runs to train, about {human(total, 'FLOPs')} (dry run: nothing is "
-          f"trained or written, {out_dir} is not created)")
+          f"trained or written, {where})")
     return 0
 
 
