@@ -7,6 +7,11 @@
 #   WORKERS=1 bash scripts/depth_budget.sh  # one worker (leaves a core free for other work)
 #   PHASES="2:6,12 3" bash scripts/depth_budget.sh   # some phases; PHASE:DEPTHS limits phase 1, 2 or 3 to depths
 #   DRY_RUN=1 bash scripts/depth_budget.sh  # each command's --dry-run: the runs it would train, nothing written
+#   FULL=1 DEVICE=cuda WORKERS=4 OUT=runs/findings_full bash scripts/depth_budget.sh   # the GPU's second table
+#
+# FULL=1 trains on the whole training set (55,000 images; the same 5,000 held out for validation: --val-split
+# 0.08334, stratified) instead of the small-data draw; DEVICE=cuda runs on the GPU (--device cuda, no --threads);
+# EXTRA appends options to every command (the smoke test of scripts/gpu_study.sh shrinks the runs with it).
 #
 # Phases: 1 the rate grid (seed 0, 5 rates, --bracket 3 adds rates beyond an edge best); 2 five seeds at each cell's
 # best rate (seed 0 copied from the grid); 3 the same-rate control (each arm at the ViT's rate, the ViT's own runs and
@@ -26,8 +31,13 @@ PYTHON=${PYTHON:-python}
 VITLAB=(${VITLAB:-$PYTHON -m vitlab})
 ARMS=vit,qknorm,layerscale,cait,deepvit
 GRID=$OUT/depth_budget_grid
-COMMON=(${DRY_RUN:+--dry-run} --dataset fashion-mnist --data-dir "$D" --base vit_mnist --limit-train 15000 --val-split 0.33334
-        --run-set stratify=true --epochs 50 --threads 1 --workers "$WORKERS" --no-progress)
+DEVICE=${DEVICE:-cpu}
+DATA=(--limit-train 15000 --val-split 0.33334)
+[ -n "${FULL:-}" ] && DATA=(--val-split 0.08334)
+WHERE=(--threads 1)
+[ "$DEVICE" != cpu ] && WHERE=(--device "$DEVICE")
+COMMON=(${DRY_RUN:+--dry-run} --dataset fashion-mnist --data-dir "$D" --base vit_mnist "${DATA[@]}"
+        --run-set stratify=true --epochs 50 "${WHERE[@]}" --workers "$WORKERS" --no-progress ${EXTRA:-})
 RATES=(--lrs 5e-4,1e-3,2e-3,4e-3,8e-3 --bracket 3)
 
 for item in $PHASES; do

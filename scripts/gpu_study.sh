@@ -6,8 +6,10 @@
 #   scripts/gpu_study.sh                 # on the GPU: checks, then the whole study (hours)
 #   scripts/gpu_study.sh --smoke         # anywhere, on the CPU, in seconds: every step end to end, tiny
 #
-# Then, in this order (STUDIES picks, default "lr fashion depth"; STUDIES= set empty runs the checks alone): the
-# learning-rate sensitivity study of docs/findings.md section 7 (runs/lr_sensitivity), the Fashion-MNIST depth
+# Then, in this order (STUDIES picks, default "budget lr fashion depth"; STUDIES= set empty runs the checks alone):
+# the rate x depth study of docs/findings.md section 10 on the whole Fashion-MNIST training set (scripts/
+# depth_budget.sh with FULL=1 DEVICE=cuda: the page's second table, beside the CPU's 10,000-image one; BUDGET_OUT,
+# default runs/findings_full; PHASES picks its phases), the learning-rate sensitivity study of docs/findings.md section 7 (runs/lr_sensitivity), the Fashion-MNIST depth
 # study of section 8 at the rates it chose, trained to the recipe (20 epochs, with CaiT: section 9's design;
 # section 8 itself ran 3 epochs on the CPU) (runs/findings/depth_fashion_recipe; needs apt-get install
 # dataset-fashion-mnist), the depth study (OUT).
@@ -26,7 +28,7 @@ VITLAB=("$PY" -m vitlab)
 SEEDS=${SEEDS:-5}
 WORKERS=${WORKERS:-4}
 EXECUTOR=${EXECUTOR:-local}
-STUDIES=${STUDIES-lr fashion depth}  # set but empty: the checks alone (":-" would run every study)
+STUDIES=${STUDIES-budget lr fashion depth}  # set but empty: the checks alone (":-" would run every study)
 FASHION_DIR=${FASHION_DIR:-/usr/share/datasets/fashion-mnist}
 
 if [ "$SMOKE" = 1 ]; then
@@ -38,6 +40,7 @@ if [ "$SMOKE" = 1 ]; then
     DEPTHS=1,2; VARIANTS=vit,layerscale; SEEDS=1; WORKERS=1
     STUDY_SET=(--set embed_dim=16 --set num_heads=2)
     LR_OUT=${LR_OUT:-$WORK/lr_sensitivity}; FASHION_OUT=${FASHION_OUT:-$WORK/depth_fashion}
+    BUDGET_OUT=${BUDGET_OUT:-$WORK/budget}
     FASHION_DATA=(--dataset mnist-5k)  # the smoke test runs offline anywhere: the same step on the shipped digits
     LR_ARGS=(--depths 1,2 --variants vit,tfixup --lrs 1e-3,3e-3 --seeds 1 --val-split 0.25 --probe-images 8
              "${TINY[@]}" "${STUDY_SET[@]}")
@@ -51,6 +54,7 @@ else
     DEPTHS=6,12,24,36; VARIANTS=vit,layerscale,rezero,skipinit,fixup,tfixup,cait,deepvit
     STUDY_SET=()
     LR_OUT=${LR_OUT:-runs/lr_sensitivity}; FASHION_OUT=${FASHION_OUT:-runs/findings/depth_fashion_recipe}
+    BUDGET_OUT=${BUDGET_OUT:-runs/findings_full}
     FASHION_DATA=(--dataset fashion-mnist --data-dir "$FASHION_DIR")
     LR_ARGS=(--depths 6,12,24,48 --lrs 3e-4,7e-4,2e-3,5e-3,1e-2 --variants vit,layerscale,cait,deepvit,rezero,fixup,tfixup
              --seeds 3 --epochs 3 --run-set warmup_epochs=1 --no-augment --val-split 0.1 --no-progress)
@@ -113,6 +117,18 @@ if [ "$EXECUTOR" = ray ]; then
     [ "$DEVICE" = cpu ] && WHERE=(--executor ray)
 else
     WHERE=(--executor local --workers "$WORKERS")
+fi
+if [[ " $STUDIES " == *" budget "* ]]; then
+    echo "== 3. the rate x depth study (docs/findings.md section 10), the whole training set, into $BUDGET_OUT"
+    start=$(date +%s)
+    if [ "$SMOKE" = 1 ]; then  # phases 1 and 2 at one block on 64 digits: every command of the script, in seconds
+        PHASES="1:1 2:1" DEVICE=cpu WORKERS=1 OUT="$BUDGET_OUT" PYTHON="$PY" D="$WORK/no_data" \
+            EXTRA="--dataset mnist-5k --limit-train 64 --limit-test 32 --batch-size 16 --epochs 1 --val-split 0.25
+                   --probe-images 8 ${STUDY_SET[*]}" bash scripts/depth_budget.sh
+    else
+        FULL=1 DEVICE=cuda WORKERS="$WORKERS" OUT="$BUDGET_OUT" PYTHON="$PY" bash scripts/depth_budget.sh
+    fi
+    echo "rate x depth study: $(( $(date +%s) - start )) s wall"
 fi
 if [[ " $STUDIES " == *" lr "* ]]; then
     echo "== 3a. learning-rate sensitivity against depth (docs/findings.md section 7) into $LR_OUT"

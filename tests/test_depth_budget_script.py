@@ -98,3 +98,17 @@ def test_a_phase_may_name_its_depths(tmp_path):
     done, calls = _run(tmp_path, "2:6 3:12,24")
     assert done.returncode == 0, done.stderr
     assert [(a[0], _option(a, "--depths")) for a in calls] == [("depth-study", "6"), ("depth-study", "12,24")]
+
+
+def test_the_full_training_set_on_a_gpu_and_extra_options(tmp_path):
+    from vitlab.cli import build_parser
+
+    done, calls = _run(tmp_path, "1:6 2:6", FULL="1", DEVICE="cuda", WORKERS="4", EXTRA="--epochs 1 --lr 1e-3")
+    assert done.returncode == 0, done.stderr
+    for argv in calls:
+        args = build_parser().parse_args(argv)
+        assert args.limit_train is None and args.val_split == 0.08334 and args.device == "cuda", argv
+        assert args.threads is None and args.workers == 4 and args.epochs == 1, argv  # EXTRA comes last: it wins
+    done, calls = _run(tmp_path, "1:6")
+    args = build_parser().parse_args(calls[-1])
+    assert (args.limit_train, args.val_split, args.device, args.threads) == (15000, 0.33334, "auto", 1)

@@ -358,11 +358,16 @@ def test_the_gpu_study_script_runs_end_to_end_in_its_smoke_mode(tmp_path: Path) 
     """``scripts/gpu_study.sh --smoke``: the CUDA-path checks, train / eval / analyze and the depth study, on the
     CPU with tiny runs; the study's tables land in OUT."""
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "depth"), "LR_OUT": str(tmp_path / "lr"),
-           "FASHION_OUT": str(tmp_path / "fashion")}
+           "FASHION_OUT": str(tmp_path / "fashion"), "BUDGET_OUT": str(tmp_path / "budget")}
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_study.sh"), "--smoke"], capture_output=True,
-                          text=True, timeout=300, env=env)
+                          text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "fused attention (SDPA) against the explicit maps" in proc.stdout and "bf16 autocast" in proc.stdout
+    # the rate x depth study (scripts/depth_budget.sh, phases 1 and 2 at one block): five seeds per arm, seed 0
+    # copied from the grid
+    with open(tmp_path / "budget" / "depth_budget" / "results.csv", newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == 25
+    assert (proc.stdout + proc.stderr).count("_seed0: reused from") == 5, proc.stderr[-3000:]
     with open(tmp_path / "depth" / "results.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == 4
     with open(tmp_path / "lr" / "sensitivity.csv", newline="") as fh:  # the learning-rate study, then the depth
