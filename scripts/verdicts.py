@@ -24,7 +24,9 @@ from an unfinished phase, so the family's correction leaves it out; its ``seeds`
 arm (``2/5``; ``0/0`` before any). Section 10's drop-path controls are run for the best arm, chosen on validation
 accuracy once phase 2 ends (:func:`best_arm`). ``runs_to_decide`` is the runs per arm at which the MDE, at the
 spread measured, would reach the observed effect (for equivalence: half the margin), at alpha 0.05 for that claim
-alone; ``> 50`` when even 50 would not.
+alone; ``> 50`` when even 50 would not. Every row of sections 7 and 8 (short proxies) has the ``standing`` "proxy"; where
+section 10 answers the same question at the recipe's budget (:data:`AT_BUDGET`, named in ``at_budget``) and has
+decided, the proxy row is "confirmed" or "superseded" by it (:func:`standing`).
 
     python scripts/verdicts.py                 # write docs/results/verdicts.csv
     python scripts/verdicts.py --check         # exit 1 when the CSV differs from the records
@@ -53,7 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "runs"
 OUT = ROOT / "docs" / "results" / "verdicts.csv"
 COLUMNS = ["id", "part", "section", "claim", "comparison", "unit", "effect", "ci_low", "ci_high", "p", "q",
-           "adj_ci_low", "adj_ci_high", "test", "seeds", "mde", "margin", "verdict", "runs_to_decide"]
+           "adj_ci_low", "adj_ci_high", "test", "seeds", "mde", "margin", "verdict", "runs_to_decide", "standing",
+           "at_budget"]
 
 
 class NoRuns(LookupError):
@@ -243,6 +246,24 @@ def _budget_claims() -> tuple[Claim, ...]:
 
 
 CLAIMS = CLAIMS + _budget_claims()
+
+# Sections 7 and 8 are short proxies (168 steps of mnist-5k; 3 epochs of Fashion-MNIST), so every row of theirs is a
+# "proxy" row. Where section 10 asks the same question at the recipe's budget, its claim answers it and replaces the
+# proxy's where the two conflict: {proxy claim: (section-10 claim, +1 stated the same way round, -1 the reverse)}.
+# The 48-block rows of section 7 have no counterpart (section 10 stops at 24 blocks), nor do Fixup and T-Fixup (not
+# arms of section 10); the plain ViT's "sensitivity grows with depth" is asked there between 6 and 24 blocks.
+PROXY_SECTIONS = ("7", "8")
+AT_BUDGET = {
+    "vit-sens-depth": ("budget-vit-sens-depth", 1),
+    "fashion-ls-vit-24": ("budget-ls-vit-24", 1),
+    "fashion-ls-vit-24-same-lr": ("budget-ls-vit-24-same-lr", 1),
+    "fashion-ls-vit-12": ("budget-ls-vit-12", 1),
+    "fashion-ls-24-6": ("budget-ls-24-6", 1),
+    "fashion-ls-24-12": ("budget-ls-24-12", 1),
+    "fashion-vit-12-24": ("budget-vit-24-12", -1),  # "24 falls short of 12" against "24 beats 12"
+}
+PROXY, CONFIRMED, SUPERSEDED = "proxy", "proxy, confirmed at the budget", "proxy, superseded at the budget"
+BUDGET = "recipe's budget"  # the standing of part II's other rows (sections 5 and 10: the recipe's 50 epochs)
 LATE_SECTIONS = ("7", "8", "10")  # studies that may still be running: an arm without runs reads "not run yet"
 PENDING = "pending"  # the verdict of a claim whose arms have not finished the runs its design plans
 
@@ -423,6 +444,29 @@ def _row(claim: Claim, r: stats.Result) -> dict[str, str]:
             "runs_to_decide": r.runs_to_decide}
 
 
+def standing(row: dict[str, str], by_id: dict[str, dict[str, str]]) -> tuple[str, str]:
+    """``(standing, at_budget)`` of a verdict row. A row of :data:`PROXY_SECTIONS` is :data:`PROXY`; where section 10
+    answers its question (:data:`AT_BUDGET`) and has decided (reproduced or contradicted), it is :data:`CONFIRMED`
+    when the two verdicts agree, read the same way round, else :data:`SUPERSEDED` (section 10's row replaces it; an
+    undecided proxy is superseded by a decided answer). ``at_budget`` names section 10's claim and its own verdict
+    (``budget-ls-vit-24: pending``). Part II's other rows were trained to the recipe's budget (:data:`BUDGET`); part
+    I's rows have neither."""
+    if row["section"] not in PROXY_SECTIONS:
+        return (BUDGET if row["part"] == "II" else ""), ""
+    if row["id"] not in AT_BUDGET:
+        return PROXY, ""
+    other, sign = AT_BUDGET[row["id"]]
+    answer = by_id.get(other)
+    if answer is None:  # a family without section 10's claim (one claim evaluated alone)
+        return PROXY, other
+    said = answer["verdict"]
+    flip = {stats.REPRODUCED: stats.CONTRADICTED, stats.CONTRADICTED: stats.REPRODUCED}
+    if said not in flip:
+        return PROXY, f"{other}: {said}"
+    read = said if sign > 0 else flip[said]
+    return (CONFIRMED if read == row["verdict"] else SUPERSEDED), f"{other}: {said}"
+
+
 def evaluate(claim: Claim, runs: Path = RUNS) -> dict[str, str]:
     """The verdict row of ``claim`` alone (as if it were the page's only claim)."""
     return rows([claim], runs)[0]
@@ -433,7 +477,11 @@ def rows(claims: tuple[Claim, ...] | list[Claim] = CLAIMS, runs: Path = RUNS) ->
     best = best_arm(runs) if any(BEST in c.a + c.b for c in claims) else None
     claims = [resolve(c, best) for c in claims]
     results = stats.decide_family([evaluate_result(c, runs) for c in claims])
-    return [_row(c, r) for c, r in zip(claims, results)]
+    out = [_row(c, r) for c, r in zip(claims, results)]
+    by_id = {r["id"]: r for r in out}
+    for r in out:
+        r["standing"], r["at_budget"] = standing(r, by_id)
+    return out
 
 
 def table(runs: Path = RUNS) -> str:

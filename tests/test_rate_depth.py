@@ -285,3 +285,67 @@ def test_the_probes_csv_holds_medians_of_the_last_block_and_the_max_logit_once_p
     assert float(rows[("cait", 12)]["token_similarity_last"]) == pytest.approx(0.7)  # seeds 0-3 and the new one
     drawn = d.figure(text, tmp_path / "f.png")
     assert drawn is not None and drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------------ proxy rows
+
+
+def _arms(root: Path, study: str, a: str, b: str, a_acc: float, b_acc: float, seeds: int) -> None:
+    """``seeds`` runs of arms ``a`` and ``b`` (run prefixes) whose per-seed difference is ``a_acc - b_acc`` points
+    give or take a little noise, so that 5 seeds decide it."""
+    for seed in range(seeds):
+        noise = 0.0005 * (-1) ** seed
+        _run(root, study, f"{a}_seed{seed}", seed=seed, test_acc=a_acc + 0.001 * seed + noise)
+        _run(root, study, f"{b}_seed{seed}", seed=seed, test_acc=b_acc + 0.001 * seed)
+
+
+def test_every_proxy_row_names_a_real_section_10_claim():
+    v = load_script("verdicts")
+    claims = {c.id: c for c in v.CLAIMS}
+    assert v.AT_BUDGET and set(v.PROXY_SECTIONS) == {"7", "8"}
+    for proxy, (answer, sign) in v.AT_BUDGET.items():
+        assert claims[proxy].section in v.PROXY_SECTIONS and claims[answer].section == "10", proxy
+        assert sign in (1, -1) and claims[proxy].measure == claims[answer].measure, proxy
+    with Path(v.OUT).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:  # the committed CSV: every proxy row says so, and names its answer where there is one
+        if r["section"] in v.PROXY_SECTIONS:
+            assert r["standing"].startswith(v.PROXY), r["id"]
+            assert r["at_budget"].startswith(v.AT_BUDGET[r["id"]][0]) if r["id"] in v.AT_BUDGET else not r["at_budget"]
+        else:
+            assert r["standing"] == (v.BUDGET if r["part"] == "II" else "") and not r["at_budget"], r["id"]
+
+
+def test_a_decided_budget_claim_supersedes_the_proxy_it_conflicts_with(tmp_path):
+    v = load_script("verdicts")
+    proxy, answer = _claim(v, "fashion-ls-24-6"), _claim(v, "budget-ls-24-6")
+    # the proxy: LayerScale at 24 blocks 3 points below 6 blocks over 3 seeds (decided against the claim)
+    _arms(tmp_path, "depth_fashion", "layerscale_depth24", "layerscale_depth6", 0.84, 0.87, 3)
+    _arms(tmp_path, "depth_budget", "layerscale_depth24", "layerscale_depth6", 0.90, 0.88, 4)
+    rows = v.rows([proxy, answer], tmp_path)
+    assert rows[0]["verdict"] == "contradicted" and rows[1]["verdict"] == v.PENDING
+    assert (rows[0]["standing"], rows[0]["at_budget"]) == (v.PROXY, "budget-ls-24-6: pending")
+    assert (rows[1]["standing"], rows[1]["at_budget"]) == (v.BUDGET, "")
+    _run(tmp_path, "depth_budget", "layerscale_depth24_seed4", seed=4, test_acc=0.904)
+    _run(tmp_path, "depth_budget", "layerscale_depth6_seed4", seed=4, test_acc=0.884)
+    rows = v.rows([proxy, answer], tmp_path)  # at the budget 24 blocks beat 6: the proxy's verdict is replaced
+    assert rows[1]["verdict"] == "reproduced"
+    assert (rows[0]["standing"], rows[0]["at_budget"]) == (v.SUPERSEDED, "budget-ls-24-6: reproduced")
+
+
+def test_an_agreeing_budget_claim_confirms_the_proxy_read_the_same_way_round(tmp_path):
+    v = load_script("verdicts")
+    # "the plain ViT saturates: 24 falls short of 12" (proxy) against "24 beats 12" (section 10): reversed
+    proxy, answer = _claim(v, "fashion-vit-12-24"), _claim(v, "budget-vit-24-12")
+    assert v.AT_BUDGET[proxy.id] == (answer.id, -1)
+    _arms(tmp_path, "depth_fashion", "vit_depth12", "vit_depth24", 0.87, 0.84, 3)
+    _arms(tmp_path, "depth_budget", "vit_depth12", "vit_depth24", 0.89, 0.87, 5)
+    rows = v.rows([proxy, answer], tmp_path)
+    assert rows[0]["verdict"] == "reproduced" and rows[1]["verdict"] == "contradicted"
+    assert (rows[0]["standing"], rows[0]["at_budget"]) == (v.CONFIRMED, "budget-vit-24-12: contradicted")
+    # the same budget runs read the other way round would conflict
+    v.AT_BUDGET[proxy.id] = (answer.id, 1)
+    try:
+        assert v.rows([proxy, answer], tmp_path)[0]["standing"] == v.SUPERSEDED
+    finally:
+        v.AT_BUDGET[proxy.id] = (answer.id, -1)
