@@ -287,11 +287,10 @@ def run_dirs(arm: str, runs: Path = RUNS) -> list[Path]:
 RATE_RUN = re.compile(r"(.+)_lr([0-9.e+-]+)_seed(\d+)")  # CELL_lrLR_seedN: a learning-rate study's run
 
 
-def study_losses(study: Path) -> dict[str, dict[float, dict[int, float]]]:
-    """``{cell: {lr: {seed: capped final validation loss}}}`` of every finished run ``CELL_lrLR_seedN`` of a
-    learning-rate sensitivity study (a diverged run, or one above a uniform guess's loss, counts as that loss)."""
-    from vitlab.experiments.lr_sensitivity import capped_loss
-
+def study_rows(study: Path) -> tuple[list[dict], float]:
+    """The rows ``vitlab lr-sensitivity`` reads of a learning-rate sensitivity study's finished runs
+    ``CELL_lrLR_seedN`` (``variant``: the cell's run prefix, ``depth`` 0, ``lr``, ``seed``, ``val_loss``: the final
+    validation loss, ``diverged``), and the uniform guess's loss ``L0`` that caps them."""
     if not study.is_dir():
         raise NoRuns(f"no study folder {study} (yet)")
     # the study's class count from any run's config (a run that diverged in its first epoch saved none)
@@ -300,15 +299,26 @@ def study_losses(study: Path) -> dict[str, dict[float, dict[int, float]]]:
         raise ValueError(f"no run under {study} kept its config.json; restore the records (findings_tables.py "
                          "--keep-runs)")
     classes = json.loads(configs[0].read_text())["model"]["num_classes"]
-    out: dict[str, dict[float, dict[int, float]]] = {}
+    rows = []
     for run in sorted(study.iterdir()):
         m = RATE_RUN.fullmatch(run.name)
         if not m or not (run / "summary.json").is_file():
             continue
         summary = json.loads((run / "summary.json").read_text())
-        row = {"val_loss": summary.get("final_val_loss", math.nan), "diverged": summary.get("diverged") is True}
-        out.setdefault(m.group(1), {}).setdefault(float(m.group(2)), {})[int(m.group(3))] = capped_loss(
-            row, math.log(classes))
+        rows.append({"variant": m.group(1), "depth": 0, "lr": float(m.group(2)), "seed": int(m.group(3)),
+                     "val_loss": summary.get("final_val_loss", math.nan), "diverged": summary.get("diverged") is True})
+    return rows, math.log(classes)
+
+
+def study_losses(study: Path) -> dict[str, dict[float, dict[int, float]]]:
+    """``{cell: {lr: {seed: capped final validation loss}}}`` of every finished run ``CELL_lrLR_seedN`` of a
+    learning-rate sensitivity study (a diverged run, or one above a uniform guess's loss, counts as that loss)."""
+    from vitlab.experiments.lr_sensitivity import capped_loss
+
+    rows, l0 = study_rows(study)
+    out: dict[str, dict[float, dict[int, float]]] = {}
+    for r in rows:
+        out.setdefault(r["variant"], {}).setdefault(r["lr"], {})[r["seed"]] = capped_loss(r, l0)
     return out
 
 
@@ -337,24 +347,23 @@ def study_grid(cells: dict[str, dict[float, dict[int, float]]]) -> list[float]:
 
 def lr_sensitivities(arm: str, runs: Path = RUNS) -> dict[int, float]:
     """``{seed: LR sensitivity}`` of ``STUDY/PREFIX`` for each seed that finished every rate of its cell's curve (the
-    rates any run of ``PREFIX`` has: the study's shared grid, :func:`study_grid`, and any rate the cell added beyond
-    the grid's edge): the study's own definition, :func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`
-    ``(curve, grid)``, the mean over the grid of the seed's capped loss minus its minimum over the whole curve (as
-    ``vitlab lr-sensitivity``'s ``seed_sensitivities``). Where every cell has the same rates (section 7) that is the
-    mean over the cell's own curve."""
-    from vitlab.experiments.lr_sensitivity import lr_sensitivity
+    rates any run of ``PREFIX`` finished: the study's shared grid, :func:`study_grid`, and any rate the cell added
+    beyond the grid's edge): ``vitlab lr-sensitivity``'s own
+    :func:`vitlab.experiments.lr_sensitivity.seed_sensitivities` on the runs' losses, so the rule of which seeds
+    count and :func:`~vitlab.experiments.lr_sensitivity.lr_sensitivity` ``(curve, grid)`` (the mean over the grid of
+    the seed's capped loss minus its minimum over the whole curve) are written once. Where every cell has the same
+    rates (section 7) that is the mean over the cell's own curve."""
+    from vitlab.experiments.lr_sensitivity import seed_sensitivities
 
     study, prefix = arm.split("/", 1)
+    rows, l0 = study_rows(runs / study)
     cells = study_losses(runs / study)
     if not cells.get(prefix):
         raise NoRuns(f"no finished run {prefix}_lr*_seed* under {runs / study}")
-    grid, losses = study_grid(cells), cells[prefix]
-    out = {}
-    for seed in sorted({s for by_seed in losses.values() for s in by_seed}):
-        curve = {lr: by_seed[seed] for lr, by_seed in losses.items() if seed in by_seed}
-        if grid and set(losses) <= set(curve):  # the cell's every rate, so the grid's too
-            out[seed] = lr_sensitivity(curve, grid)
-    return out
+    grid = study_grid(cells)
+    if not grid:
+        return {}
+    return seed_sensitivities([r for r in rows if r["variant"] == prefix], l0, grid).get((prefix, 0), {})
 
 
 UNITS = {"acc": "points", "similar_share": "share of blocks", "lr_sens": "nats", "max_logit": "logit"}
