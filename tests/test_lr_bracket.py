@@ -196,7 +196,16 @@ def test_a_study_extends_each_edge_cell_until_bracketed_and_resumes_without_trai
     # layerscale (optimum 3e-3) interior: nothing added. Every seed of an extended cell, and no other cell.
     extra = {f"{v}_depth1_lr{lr}_seed{s}" for v, lrs in (("vit", ("0.016", "0.032")), ("tfixup", ("0.001", "0.0005")))
              for lr in lrs for s in (0, 1)}
-    assert len(trained) == len(set(trained)) == grid + len(extra) and set(trained[grid:]) == extra
+    assert len(trained) == len(set(trained)) == grid + len(extra) and set(trained) - extra == {
+        f"{v}_depth1_lr{lr}_seed{s}" for v in ("vit", "layerscale", "tfixup") for lr in ("0.002", "0.004", "0.008")
+        for s in (0, 1)}
+    # a cell's next rate trains as soon as every run of its curve finished, before the rest of the grid: vit's
+    # curve is complete after its seed-1 runs, so 1.6e-2 trains before layerscale's seed 1; its 3.2e-2 after both
+    # seeds of 1.6e-2 (every seed of a rate finishes before the cell's next rate is decided)
+    at = {name: i for i, name in enumerate(trained)}
+    assert at["vit_depth1_lr0.008_seed1"] < at["vit_depth1_lr0.016_seed0"] < at["layerscale_depth1_lr0.002_seed1"]
+    assert max(at[f"vit_depth1_lr0.016_seed{s}"] for s in (0, 1)) < at["vit_depth1_lr0.032_seed0"]
+    assert at["vit_depth1_lr0.032_seed1"] < at["layerscale_depth1_lr0.002_seed1"]
     sens = {s["variant"]: s for s in read_rows(out / "sensitivity.csv")}
     vit, ls, tf = sens["vit"], sens["layerscale"], sens["tfixup"]
     assert (vit["lr_low"], vit["lr_high"], vit["best_lr"], vit["bracketed"]) == ("0.002", "0.032", "0.016", "True")
@@ -288,3 +297,61 @@ def test_worker_processes_train_the_extension_rounds(tmp_path, fake):
     assert code == 0
     assert len(calls(out)) == 18 + 8
     assert read_rows(out / "sensitivity.csv")[2]["bracketed"] == "True"
+
+
+# ---------------------------------------------------------------- runs added while the study runs (run_study's follow)
+
+
+def _fake_run_trainer(cfg: RunConfig, init: str | None = None) -> dict:
+    name = Path(cfg.output).name
+    with open(Path(cfg.output).parent / "calls.txt", "a") as fh:
+        fh.write(f"{name}\n")
+    return finish(cfg, {"final_test_acc": 0.5 + cfg.seed / 100, "epochs": 1, "train_time_s": 1.0})
+
+
+def test_a_run_follow_adds_trains_before_the_queue_and_a_finished_one_is_read_back(tmp_path):
+    from vitlab.experiments.executors import ExecutorConfig
+
+    def spec(name: str, seed: int) -> runs.RunSpec:
+        return runs.RunSpec(name, RunConfig(seed=seed, threads=1), {"seed": seed})
+
+    out = tmp_path / "study"
+    # "done" finished in an earlier invocation: follow adds it after "a", it is read back and follow asked again
+    first, _ = runs.run_study([spec("done", 9)], out, "depth-study", trainer=_fake_run_trainer)
+    (out / "calls.txt").unlink()
+    asked: list[set[str]] = []
+
+    def follow(summaries: dict[str, dict]) -> list[runs.RunSpec]:
+        asked.append(set(summaries))
+        if "a" in summaries and "done" not in asked_names:
+            asked_names.add("done")
+            return [spec("done", 9), spec("after-a", 3)]
+        if "done" in summaries and "again" not in asked_names:
+            asked_names.add("again")
+            return [spec("again", 4)]
+        return []
+
+    asked_names: set[str] = set()
+    _, pairs = runs.run_study([spec("a", 0), spec("b", 1), spec("c", 2)], out, "depth-study",
+                              trainer=_fake_run_trainer, executor=ExecutorConfig(workers=1), follow=follow)
+    assert calls(out) == ["a", "after-a", "again", "b", "c"]  # added at the front, in the order follow gave them
+    assert [s.name for s, _ in pairs] == ["a", "b", "c", "done", "after-a", "again"]
+    assert pairs[3][1]["final_test_acc"] == 0.59 and all(not runs.failed(s) for _, s in pairs)
+    assert asked[0] == set()  # asked first with what was read back (nothing of the grid)
+    with pytest.raises(ValueError, match="finished_only"):
+        runs.run_study([spec("a", 0)], out, "depth-study", finished_only=True, follow=follow)
+
+
+def test_a_cell_with_a_failed_run_adds_no_rate_while_the_others_extend(tmp_path, fake, monkeypatch):
+    def failing(cfg: RunConfig, init: str | None = None) -> dict:
+        if Path(cfg.output).name == "vit_depth1_lr0.004_seed1":
+            raise RuntimeError("out of memory")
+        return fake_train(cfg, init)
+
+    monkeypatch.setattr(runs, "train_run", failing)
+    out = tmp_path / "study"
+    code, _ = cli(study(out, "--bracket", "1"))
+    assert code == runs.RUNS_FAILED
+    trained = calls(out)
+    assert not any("vit_depth1_lr0.016" in name for name in trained)  # vit's curve is not complete: no rate added
+    assert {"tfixup_depth1_lr0.001_seed0", "tfixup_depth1_lr0.001_seed1"} <= set(trained)

@@ -477,18 +477,30 @@ def open_executor(config: ExecutorConfig, configs: Sequence[Any], pending: int) 
 
 def run_tasks(tasks: Sequence[RunTask], executor: Any, *, retries: int = 1,
               on_start: Callable[[RunTask], None] | None = None,
-              on_end: Callable[[RunTask, dict, bool], None] | None = None) -> dict[str, dict]:
+              on_end: Callable[[RunTask, dict, bool], None] | None = None,
+              more: Callable[[RunTask, dict], Sequence[RunTask]] | None = None) -> dict[str, dict]:
     """Train every task on ``executor`` and return ``{name: summary}``; a task whose worker died or that raised is
     tried again up to ``retries`` times, then its summary is ``{"failed": why, "attempts": n}``. A run folder
-    another process holds is looked at again every few seconds until that process ends it."""
+    another process holds is looked at again every few seconds until that process ends it. ``more(task, summary)``,
+    called as each task ends (finished or failed), returns tasks to add: they go to the front of the queue, so a
+    slot that frees up takes them next (``--bracket``'s extension of a cell whose curve is complete)."""
     queue: deque[tuple[float, RunTask]] = deque((0.0, t) for t in tasks)
     with _sigterm_stops_the_study():
-        return _run_queue(queue, executor, retries, on_start, on_end)
+        return _run_queue(queue, executor, retries, on_start, on_end, more)
 
 
 def _run_queue(queue: deque, executor: Any, retries: int, on_start: Callable[[RunTask], None] | None,
-               on_end: Callable[[RunTask, dict, bool], None] | None) -> dict[str, dict]:
-    """:func:`run_tasks`' loop: submit while slots are free, collect outcomes, retry, report."""
+               on_end: Callable[[RunTask, dict, bool], None] | None,
+               more: Callable[[RunTask, dict], Sequence[RunTask]] | None = None) -> dict[str, dict]:
+    """:func:`run_tasks`' loop: submit while slots are free, collect outcomes, retry, report, add ``more``."""
+
+    def ended(task: RunTask, summary: dict, ran: bool) -> None:
+        results[task.name] = summary
+        if on_end is not None:
+            on_end(task, summary, ran)
+        if more is not None:
+            queue.extendleft((0.0, t) for t in reversed(list(more(task, summary))))
+
     attempts: dict[str, int] = {}
     waiting_said: set[str] = set()
     results: dict[str, dict] = {}
@@ -514,9 +526,7 @@ def _run_queue(queue: deque, executor: Any, retries: int, on_start: Callable[[Ru
                 running -= 1
                 status = out["status"]
                 if status == "done":
-                    results[task.name] = out["summary"]
-                    if on_end is not None:
-                        on_end(task, out["summary"], out["ran"])
+                    ended(task, out["summary"], out["ran"])
                     continue
                 if status == "busy":
                     if task.name not in waiting_said:
@@ -534,10 +544,8 @@ def _run_queue(queue: deque, executor: Any, retries: int, on_start: Callable[[Ru
                           file=sys.stderr, flush=True)
                     queue.append((0.0, task))
                 else:
-                    summary = {"failed": why, "attempts": attempts[task.name], "retry": retry, "log": out.get("log")}
-                    results[task.name] = summary
-                    if on_end is not None:
-                        on_end(task, summary, True)
+                    ended(task, {"failed": why, "attempts": attempts[task.name], "retry": retry,
+                                 "log": out.get("log")}, True)
     finally:
         executor.close()
     return results

@@ -12,9 +12,11 @@ sensitivity: the seed is the unit, so the findings page's verdicts compare exact
 better: a variant that trains at every learning rate scores near 0.
 
 Bracketing (``--bracket N``, :func:`next_rate`): a cell whose best rate is the lowest or highest of its rates may
-have its optimum beyond the grid. After the grid's runs, such a cell gets the next rate beyond that edge (the edge
-divided or multiplied by the grid's own step there), for all its seeds, until its best rate is interior, ``N``
-rates were added on that side, or the next rate is not one a run can train at. The expectation stays over the
+have its optimum beyond the grid. Once every run of its curve finished, such a cell gets the next rate beyond that
+edge (the edge divided or multiplied by the grid's own step there), for all its seeds, until its best rate is
+interior, ``N`` rates were added on that side, or the next rate is not one a run can train at. The rule is applied
+as each run ends (:func:`bracket_follow`), so an extension trains in the same worker pool, ahead of the grid's runs
+still queued, instead of waiting for the whole grid. The expectation stays over the
 shared grid (``--lrs``: every cell's sensitivity is a mean over one range), the minimum is over the cell's whole
 curve. The rates a study adds follow from its finished runs alone, so the same command re-derives them and resumes;
 an invocation without ``--bracket`` plans (and tabulates) the grid alone.
@@ -55,8 +57,14 @@ def lr_specs(base: str, depths: list[int], variants: list[str], lrs: list[float]
             info = {**s.info, "lr": lr}
             name = grid_run_name(info["variant"], info["depth"], lr, info["seed"])
             specs.append(RunSpec(name, s.config, info))
+    return sorted(specs, key=spec_order(variants))
+
+
+def spec_order(variants: list[str]) -> Callable[[RunSpec], tuple]:
+    """The order of :func:`lr_specs` (seed, deepest first, ``variants``' order, rate) as a sort key: the order of
+    the study's tables whatever order its runs trained in (``--bracket`` adds rates as cells complete)."""
     order = {v: i for i, v in enumerate(variants)}
-    return sorted(specs, key=lambda s: (s.info["seed"], -s.info["depth"], order[s.info["variant"]], s.info["lr"]))
+    return lambda s: (s.info["seed"], -s.info["depth"], order[s.info["variant"]], s.info["lr"])
 
 
 def _layer_logits(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -354,6 +362,43 @@ def bracket_rounds(config: LRSensitivityConfig, pairs: Pairs, l0: float,
         pairs += read(new)
 
 
+def bracket_follow(config: LRSensitivityConfig, specs: list[RunSpec],
+                   out: Path) -> Callable[[dict[str, dict]], list[RunSpec]]:
+    """``--bracket``'s rule while the study runs (``run_study``'s ``follow``): given the summaries so far, the runs
+    :func:`extensions` adds for every cell whose runs have all finished, at once, so that a cell's next rate trains
+    as soon as its curve is complete instead of after the whole grid (no worker waits for a round). Each run is
+    returned once; a cell with a run not finished yet (or failed) waits."""
+    import sys
+
+    cfg = config.run.replace(probe_images=config.probe_images)
+    seeds = list(range(config.seeds))
+    planned = list(specs)
+    names = {spec.name for spec in planned}
+
+    def follow(summaries: dict[str, dict]) -> list[RunSpec]:
+        try:
+            l0 = math.log(_num_classes(cfg.dataset, out, [(s, summaries[s.name]) for s in planned
+                                                          if s.name in summaries]))
+        except ConfigError:  # an unknown data set's classes: known once a run has finished
+            return []
+        rows = [_loss_row(s, summaries.get(s.name) or {"failed": "not finished yet"}) for s in planned]
+        adds, _ = extensions(rows, l0, config.lrs, seeds, config.bracket,
+                             lambda lr: config.run.replace(lr=lr).validate())
+        new = [spec for variant, depth, lr in adds
+               for spec in lr_specs(config.base, [depth], [variant], [lr], seeds, cfg, config.shared)
+               if spec.name not in names]
+        if new:
+            planned.extend(new)
+            names.update(spec.name for spec in new)
+            cells = sorted({f"{s.info['variant']} at depth {s.info['depth']} at lr {lr_name(s.info['lr'])}"
+                            for s in new})
+            print(f"lr sensitivity --bracket {config.bracket}: best rate on the edge of its rates; adding {len(new)} "
+                  f"run(s) beyond it: {', '.join(cells)}", file=sys.stderr, flush=True)
+        return new
+
+    return follow
+
+
 def planned_runs(config: LRSensitivityConfig) -> tuple[list[RunSpec], list[str]]:
     """What ``--dry-run`` plans: the grid's runs, then (``--bracket N``) the runs beyond the grid's edge that the
     finished runs in ``config.output`` already determine; and the lines that say what is decided later. Reads the
@@ -403,7 +448,11 @@ def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     cfg = config.run.replace(probe_images=config.probe_images)
     options = {"force": config.force, "command": config.command, "title": "lr sensitivity",
                "finished_only": config.finished_only, "executor": config.executor}
-    out, pairs = run_study(specs, config.output, "lr-sensitivity", **options)
+    # --bracket: a cell's next rate trains as soon as its curve is complete (bracket_follow); the rounds after it
+    # find nothing left unless a run failed (finished_only: the rounds read back what earlier invocations added)
+    follow = (bracket_follow(config, specs, Path(config.output).expanduser())
+              if config.bracket and not config.finished_only else None)
+    out, pairs = run_study(specs, config.output, "lr-sensitivity", **options, follow=follow)
     l0 = math.log(_num_classes(cfg.dataset, out, pairs))
 
     def read(new: list[RunSpec]) -> Pairs:
@@ -421,6 +470,8 @@ def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     if config.bracket:
         _, pairs, notes = bracket_rounds(config, pairs, l0, read)
     rows, logits = [], []
+    key = spec_order(config.variants)
+    pairs = sorted(pairs, key=lambda pair: key(pair[0]))
     for spec, summary in pairs:
         row, layers = result_row(spec, summary, out / spec.name)
         rows.append(row)

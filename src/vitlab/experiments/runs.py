@@ -290,17 +290,25 @@ def run_all(specs: Sequence[RunSpec], out_dir: Path, *, trainer: Trainer | None 
     return _execute(specs, out_dir, done, pending, pool, config.retries, trainer, title)
 
 
+Follow = Callable[[dict[str, dict]], list["RunSpec"]]  # the summaries so far -> runs to add to the study
+
+
 def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force: bool = False, command: str = "",
               trainer: Trainer | None = None, title: str = "run", finished_only: bool = False,
-              executor: Any = None) -> tuple[Path, list[tuple[RunSpec, dict]]]:
+              executor: Any = None, follow: Follow | None = None) -> tuple[Path, list[tuple[RunSpec, dict]]]:
     """:func:`run_all` for a ``kind`` study (a key of :data:`STUDY_FILES`) into the folder ``output``, in the order
     of the folder rule (:mod:`vitlab.outputs`): everything that can refuse the study does so before the folder is
     claimed (the folder itself, the report's text ``command``, each run's settings and folder, the executor: Ray
     installed and its cluster answering), so an input refused at the start leaves no folder behind; a study stopped
     by an error removes the run folders it created and left empty, and its folder when it created it and nothing is
     in it. A run whose spec names a ``source`` and that has no folder in ``output`` yet is copied from there once the
-    folder is claimed (:func:`copy_run`), not trained (``finished_only``: left out). Returns the folder and the
-    pairs."""
+    folder is claimed (:func:`copy_run`), not trained (``finished_only``: left out).
+
+    ``follow(summaries)`` (not with ``finished_only``) adds runs while the study runs: it is given every summary so
+    far (finished runs read back, then each run as it ends) and returns the runs to add, never one it returned
+    before; a run it adds that already finished is read back (and ``follow`` asked again), the others train in the
+    same worker pool as soon as a slot frees up, before the runs still queued. Returns the folder and the pairs, the
+    added runs after ``specs`` in the order they were added."""
     from vitlab import outputs
 
     out = Path(output).expanduser()
@@ -309,11 +317,19 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
     config = executor if executor is not None else ExecutorConfig(workers=1)
     config.validate()
     specs, done, pending = plan_runs(specs, out, title=title, finished_only=finished_only)
+    if follow is not None and finished_only:
+        raise ValueError("run_study: follow adds runs to train; finished_only trains none")
+    if follow is not None:  # what the runs read back already determine, planned before the pool is sized
+        while added := follow(dict(done)):
+            _, found, left = plan_runs(added, out, title=title)
+            specs, pending = [*specs, *added], [*pending, *left]
+            done.update(found)
     copies = [s for s in pending if s.source and not os.path.lexists(out / s.name)]
     pending = [s for s in pending if s not in copies]
     new = not os.path.lexists(out)
     made = [s.name for s in pending if not os.path.lexists(out / s.name)]
-    pool = open_executor(config, [s.config for s in pending], len(pending)) if pending else None
+    slots = len(pending) if follow is None else max(len(pending), config.workers or 0)  # room for runs added later
+    pool = open_executor(config, [s.config for s in pending], slots) if pending else None
     try:
         out = check_output(out, kind, force=force)
     except BaseException:
@@ -324,7 +340,7 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
         for spec in copies:
             done[spec.name] = copy_run(Path(str(spec.source)), out / spec.name, spec.config)
         return out, _execute(specs, out, done, pending, pool, config.retries, trainer, title,
-                             {s.name: str(s.source) for s in copies})
+                             {s.name: str(s.source) for s in copies}, follow)
     except BaseException:
         _remove_if_empty(out, made, new)
         raise
@@ -350,7 +366,9 @@ def _remove_if_empty(out: Path, names: Sequence[str], new: bool) -> None:
 
 def _execute(specs: Sequence[RunSpec], out_dir: Path, done: dict[str, dict], pending: Sequence[RunSpec],
              pool: tuple[Any, int | None] | None, retries: int, trainer: Trainer | None,
-             title: str, copied: dict[str, str] | None = None) -> list[tuple[RunSpec, dict]]:
+             title: str, copied: dict[str, str] | None = None,
+             follow: Follow | None = None) -> list[tuple[RunSpec, dict]]:
+    specs = list(specs)
     meter = Progress(len(specs), title)
     summaries = dict(done)
     for spec in specs:
@@ -359,6 +377,12 @@ def _execute(specs: Sequence[RunSpec], out_dir: Path, done: dict[str, dict], pen
     if pending and pool is not None:
         by_name = {s.name: s for s in pending}
         started: dict[str, float] = {}
+        executor, threads = pool
+        train = trainer or train_run  # looked up now: a patched one too
+
+        def task_of(s: RunSpec) -> RunTask:
+            return RunTask(s.name, s.config.replace(threads=threads) if threads else s.config, str(out_dir / s.name),
+                           train, s.init)
 
         def on_start(task: RunTask) -> None:
             started[task.name] = meter.begin(task.name)
@@ -367,10 +391,24 @@ def _execute(specs: Sequence[RunSpec], out_dir: Path, done: dict[str, dict], pen
             meter.end(task.name, started.get(task.name) if ran else None, _note(by_name[task.name], summary),
                       failed=failed(summary))
 
-        executor, threads = pool
-        tasks = [RunTask(s.name, s.config.replace(threads=threads) if threads else s.config, str(out_dir / s.name),
-                         trainer or train_run, s.init) for s in pending]  # looked up now: a patched one too
-        summaries.update(run_tasks(tasks, executor, retries=retries, on_start=on_start, on_end=on_end))
+        def more(task: RunTask, summary: dict) -> list[RunTask]:
+            """The runs ``follow`` adds now that ``task`` ended: those finished already are read back."""
+            summaries[task.name] = summary
+            tasks = []
+            while follow is not None and (added := follow(dict(summaries))):
+                _, found, left = plan_runs(added, out_dir, title=title)
+                specs.extend(added)
+                meter.total += len(added)
+                for s in added:
+                    if s.name in found:
+                        summaries[s.name] = found[s.name]
+                        meter.end(s.name, None, _note(s, found[s.name]))
+                by_name.update((s.name, s) for s in left)
+                tasks += [task_of(s) for s in left]
+            return tasks
+
+        summaries.update(run_tasks([task_of(s) for s in pending], executor, retries=retries, on_start=on_start,
+                                   on_end=on_end, more=more if follow is not None else None))
     return [(spec, summaries[spec.name]) for spec in specs]
 
 
