@@ -24,9 +24,9 @@ from an unfinished phase, so the family's correction leaves it out; its ``seeds`
 arm (``2/5``; ``0/0`` before any). Section 10's drop-path controls are run for the best arm, chosen on validation
 accuracy once phase 2 ends (:func:`best_arm`). ``runs_to_decide`` is the runs per arm at which the MDE, at the
 spread measured, would reach the observed effect (for equivalence: half the margin), at alpha 0.05 for that claim
-alone; ``> 50`` when even 50 would not. Every row of sections 7 and 8 (short proxies) has the ``standing`` "proxy"; where
-section 10 answers the same question at the recipe's budget (:data:`AT_BUDGET`, named in ``at_budget``) and has
-decided, the proxy row is "confirmed" or "superseded" by it (:func:`standing`).
+alone; ``> 50`` when even 50 would not. Every row of sections 7 and 8 (short proxies) has the ``standing``
+"proxy"; where section 10 answers the same question at the recipe's budget (:data:`AT_BUDGET`, named in
+``at_budget``) and has decided, the proxy row is "confirmed" or "superseded" by it (:func:`standing`).
 
     python scripts/verdicts.py                 # write docs/results/verdicts.csv
     python scripts/verdicts.py --check         # exit 1 when the CSV differs from the records
