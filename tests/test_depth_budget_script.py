@@ -22,7 +22,8 @@ SCRIPT = ROOT / "scripts" / "depth_budget.sh"
 def _run(tmp_path: Path, phases: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     log = tmp_path / "calls.jsonl"
     fake = tmp_path / "fake_vitlab.py"
-    fake.write_text(f"import json, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    fake.write_text(f"import json, os, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                    "sys.exit(2 if os.environ.get('FAIL') in sys.argv else 0)\n")  # FAIL: refuse commands with it
     out = tmp_path / "runs"
     out.mkdir(exist_ok=True)
     full = {**os.environ, "PHASES": phases, "OUT": str(out), "D": str(tmp_path / "data"), "PYTHON": sys.executable,
@@ -87,6 +88,7 @@ def test_phase_5_starts_from_phase_1s_seed_0_runs(tmp_path, dry):
     target = tmp_path / "runs" / "depth_budget_wortsman"
     copied = sorted(p.name for p in target.iterdir()) if target.exists() else []
     assert copied == ([] if dry else ["qknorm_depth24_lr0.016_seed0", "vit_depth6_lr0.002_seed0"])
+    assert ("phase 5 copies phase 1's seed-0 runs of these cells (2 there now)" in done.stderr) is dry
 
 
 def test_an_unknown_phase_is_refused(tmp_path):
@@ -112,3 +114,20 @@ def test_the_full_training_set_on_a_gpu_and_extra_options(tmp_path):
     done, calls = _run(tmp_path, "1:6")
     args = build_parser().parse_args(calls[-1])
     assert (args.limit_train, args.val_split, args.device, args.threads) == (15000, 0.33334, "auto", 1)
+
+
+def test_a_dry_run_plans_every_phase_and_names_those_that_cannot_be_planned_yet(tmp_path):
+    """A dry run of a study still under way: phase 3 cannot be planned yet (the stand-in refuses it, as vitlab refuses
+    a --lr-from grid without the cell's rate), phase 4 has no arm yet; the phases after a refused one are planned all
+    the same, and the script ends with exit 2 naming the two."""
+    done, calls = _run(tmp_path, "1:6 2:6 3:6 4", DRY_RUN="1", FAIL="--lr-of")
+    assert done.returncode == 2
+    assert [(a[0], _option(a, "--depths")) for a in calls] == [("lr-sensitivity", "6"), ("depth-study", "6"),
+                                                                ("depth-study", "6")]
+    assert all("--dry-run" in a for a in calls)
+    assert "phase 3:6 cannot be planned yet" in done.stderr and "phase 4 needs phase 2's 24-block runs" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("depth_budget.sh: dry run: phase(s) 3:6 4 cannot be planned "
+                                                    "until the runs they read have finished")
+    (tmp_path / "real").mkdir()
+    done, calls = _run(tmp_path / "real", "3:6 1:6", FAIL="--lr-of")  # not a dry run: the first failure stops it
+    assert done.returncode == 2 and len(calls) == 1

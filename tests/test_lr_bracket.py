@@ -273,6 +273,19 @@ def test_a_dry_run_lists_the_extensions_finished_runs_determine_and_writes_nothi
     assert "further rates are decided only after the grid's runs finish: 2 of 3 cells" in text
 
 
+def test_a_dry_run_adds_no_rate_to_a_cell_whose_grid_has_not_finished(tmp_path, fake):
+    out = tmp_path / "study"
+    argv = study(out, "--variants", "vit,tfixup", "--seeds", "1")
+    argv[argv.index("--lrs") + 1] = "4e-3,8e-3"
+    assert cli(argv)[0] == 0  # two of the grid's three rates finished: vit best at 8e-3, tfixup at 4e-3
+    argv[argv.index("--lrs") + 1] = "2e-3,4e-3,8e-3"
+    code, text = cli([*argv, "--bracket", "2", "--dry-run"])
+    assert code == 0
+    plans = [line.split(":")[0].split()[-1] for line in text.splitlines() if line.startswith("[")]
+    assert len(plans) == len(set(plans)) == 6  # the grid once, no rate beyond it: 2e-3 may still be either's best
+    assert "0 run(s) beyond the grid's edge" in text and "2 of 2 cells may each add" in text
+
+
 def test_a_negative_bracket_is_refused_in_one_line(tmp_path, capsys, fake):
     assert "--bracket must be >= 0" in cli_error(capsys, study(tmp_path / "study", "--bracket", "-1"))
     assert not (tmp_path / "study").exists()

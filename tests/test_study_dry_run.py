@@ -112,3 +112,44 @@ def test_a_dry_run_refuses_a_bad_option_in_one_line(tmp_path, capsys, trained, a
     args[args.index(flag) + 1] = value
     assert words in cli_error(capsys, args)
     assert not out.exists() and trained == []
+
+
+@pytest.mark.parametrize("title, argv, cells", STUDIES)
+def test_a_dry_run_of_a_running_study_lists_the_runs_another_process_trains(tmp_path, trained, monkeypatch, title,
+                                                                            argv, cells):
+    from vitlab.train import lock
+
+    out = tmp_path / "study"
+    names = [line.split(":")[0].split()[-1] for line in dry_run(argv(out)) if line.startswith("[")]
+    busy = out / names[0]
+    free = lock.check_free
+
+    def check_free(folder):  # the lock a live study's worker holds on its run
+        if Path(folder) == busy:
+            exc = lock.RunBusy(f"{folder} is being written by another vitlab train run (process 7281) on host vm")
+            exc.holder = "process 7281 on host vm"
+            raise exc
+        free(folder)
+
+    monkeypatch.setattr(lock, "check_free", check_free)
+    lines = dry_run(argv(out))
+    assert lines[0] == (f"[1/{cells}] {title} {names[0]}: being trained now by another vitlab run (process 7281 on "
+                        "host vm); the study waits for it and reads it back")
+    assert lines[-1].startswith(f"{title}: {cells - 1} of {cells} runs to train, about ")
+    assert "; 1 being trained now by another run (dry run" in lines[-1] and trained == []
+
+
+def test_the_lock_names_the_process_that_holds_it(tmp_path):
+    import fcntl
+
+    from vitlab.train.lock import LOCK, RunBusy, RunLock
+
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / LOCK, "w") as fh:  # a lock as another process holds it: flock taken, pid and host
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fh.write("7281 vm\n")
+        fh.flush()
+        with pytest.raises(RunBusy, match=r"\(process 7281\) on host vm") as exc:
+            RunLock(tmp_path / "run").acquire()
+    assert exc.value.holder == "process 7281 on host vm"
+    assert RunBusy("x").holder == ""

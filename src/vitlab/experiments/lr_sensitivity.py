@@ -410,14 +410,13 @@ def planned_runs(config: LRSensitivityConfig) -> tuple[list[RunSpec], list[str]]
         return specs, []
     out = Path(config.output).expanduser()
 
-    def read(new: list[RunSpec]) -> Pairs:
-        found = [(spec, finished_run(out / spec.name, spec.config)) for spec in new]
-        return [(spec, summary) for spec, summary in found if summary is not None]
+    def read(new: list[RunSpec]) -> Pairs:  # a run not finished yet keeps its cell's next rate undecided
+        return [(spec, finished_run(out / spec.name, spec.config) or {"failed": "not finished yet"}) for spec in new]
 
     pairs = read(specs)
     added: list[RunSpec] = []
     notes: dict[tuple, str] = {}
-    if pairs:
+    if any(not failed(summary) for _, summary in pairs):
         l0 = math.log(_num_classes(config.run.dataset, out, pairs))
         added, pairs, notes = bracket_rounds(config, pairs, l0, read)
     cells = len(config.variants) * len(config.depths)

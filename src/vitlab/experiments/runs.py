@@ -162,13 +162,16 @@ def changed_options(cfg: Any, run_dir: Path) -> list[str]:
 def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
     """``--dry-run`` of a study: each run's plan (:func:`vitlab.train.plan.plan_run`, one line: model, data,
     schedule, threads) as the study would train it in ``out_dir / spec.name`` (resumed where a checkpoint is there;
-    a finished run is read back, not planned), and the FLOPs of those to train; nothing is trained or written."""
+    a finished run is read back, not planned), and the FLOPs of those to train; nothing is trained or written. A
+    run another live process is training (a study already running in that folder) is listed as such: the study
+    waits for it and reads it back, so a running study's plan can be looked at."""
     from vitlab.checkpoint import CONFIG
     from vitlab.experiments.record import finished_run
     from vitlab.flops import human
+    from vitlab.train.lock import RunBusy, check_free
     from vitlab.train.plan import plan_run
 
-    out_dir, total, planned = Path(out_dir), 0, 0
+    out_dir, total, planned, elsewhere = Path(out_dir), 0, 0, 0
     for i, spec in enumerate(specs):
         run_dir = out_dir / spec.name
         head = f"[{i + 1}/{len(specs)}] {title} {spec.name}"
@@ -178,6 +181,13 @@ def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
         if spec.source and not os.path.lexists(run_dir):
             print(f"{head}: reused from {spec.source} (copied, not trained)")
             continue
+        try:
+            check_free(run_dir)
+        except RunBusy as busy:
+            elsewhere += 1
+            print(f"{head}: being trained now by another vitlab run ({busy.holder or 'a live process'}); the study "
+                  "waits for it and reads it back")
+            continue
         cfg = spec.config.replace(output=str(run_dir))
         resume = run_dir if (run_dir / CONFIG).is_file() else None
         plan = plan_run(cfg, resume=resume, init_weights=None if resume else spec.init)
@@ -185,8 +195,9 @@ def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
         total, planned = total + (flops or 0), planned + 1
         print(f"{head}{' (resumed)' if resume else ''}: {plan.describe().removeprefix('vitlab train: ')}")
     where = f"{out_dir} is not created" if not os.path.lexists(out_dir) else f"nothing in {out_dir} changes"
-    print(f"{title}: {planned} of {len(specs)} runs to train, about {human(total, 'FLOPs')} (dry run: nothing is "
-          f"trained or written, {where})")
+    now = f"; {elsewhere} being trained now by another run" if elsewhere else ""
+    print(f"{title}: {planned} of {len(specs)} runs to train, about {human(total, 'FLOPs')}{now} (dry run: nothing "
+          f"is trained or written, {where})")
     return 0
 
 

@@ -40,7 +40,10 @@ _HELD: dict[str, list] = {}  # resolved folder -> [open lock file, holders in th
 
 
 class RunBusy(ConfigError):
-    """Another live process (on this host or another) holds the run folder's lock."""
+    """Another live process (on this host or another) holds the run folder's lock; ``holder`` names it
+    (``process 7281 on host vm``, or empty when the lock file does not say)."""
+
+    holder: str = ""
 
 
 def _key(folder: Path) -> str:
@@ -78,8 +81,10 @@ class RunLock:
             pid, _, host = holder.partition(" ")
             who = f" (process {pid})" if pid.isdigit() else ""
             who += f" on host {host.strip()}" if who and host.strip() else ""
-            raise RunBusy(f"{self.folder} is being written by another vitlab train run{who}; wait for it to end "
-                          "or stop it, or pick another --output") from None
+            busy = RunBusy(f"{self.folder} is being written by another vitlab train run{who}; wait for it to end "
+                           "or stop it, or pick another --output")
+            busy.holder = who.strip(" ()").replace(") on", " on")
+            raise busy from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"{os.getpid()} {socket.gethostname()}\n")
