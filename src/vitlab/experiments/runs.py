@@ -318,7 +318,8 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
     ``follow(summaries)`` (not with ``finished_only``) adds runs while the study runs: it is given every summary so
     far (finished runs read back, then each run as it ends) and returns the runs to add, never one it returned
     before; a run it adds that already finished is read back (and ``follow`` asked again), the others train in the
-    same worker pool as soon as a slot frees up, before the runs still queued. Returns the folder and the pairs, the
+    same worker pool as soon as a slot frees up, before the runs still queued (never copied: their ``source`` is
+    not read). Returns the folder and the pairs, the
     added runs after ``specs`` in the order they were added."""
     from vitlab import outputs
 
