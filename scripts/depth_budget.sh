@@ -22,6 +22,7 @@
 # copied from phase 1). The default order runs phases 1 and 2 to 12 blocks first, so the shallow cells' verdicts come
 # before the 24-block grid's hours; each cell's rate is its own grid's either way. Data: `apt-get install
 # dataset-fashion-mnist`.
+{  # read whole before it runs: a `git pull` while the study runs cannot change the running script
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=${D:-/usr/share/datasets/fashion-mnist}
@@ -102,3 +103,5 @@ if [ ${#UNPLANNED[@]} -gt 0 ]; then
   echo "depth_budget.sh: dry run: phase(s) ${UNPLANNED[*]} cannot be planned until the runs they read have finished" >&2
   exit 2
 fi
+exit 0
+}

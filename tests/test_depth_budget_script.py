@@ -131,3 +131,25 @@ def test_a_dry_run_plans_every_phase_and_names_those_that_cannot_be_planned_yet(
     (tmp_path / "real").mkdir()
     done, calls = _run(tmp_path / "real", "3:6 1:6", FAIL="--lr-of")  # not a dry run: the first failure stops it
     assert done.returncode == 2 and len(calls) == 1
+
+
+def test_the_script_is_read_whole_so_a_pull_while_it_runs_cannot_change_it(tmp_path):
+    """The study runs for days and resumes with `git pull`: bash reads a script as it goes, so an update while a phase
+    runs would run the rest of the new file from the old offset. The stand-in rewrites the script on its first call;
+    every phase still runs as the original says."""
+    (tmp_path / "scripts").mkdir()
+    copy = tmp_path / "scripts" / "depth_budget.sh"
+    copy.write_text(SCRIPT.read_text())
+    log = tmp_path / "calls.jsonl"
+    fake = tmp_path / "fake_vitlab.py"
+    fake.write_text(f"import json, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                    f"open({str(copy)!r}, 'w').write('echo replaced; exit 7\\n' * 2000)\n")
+    out = tmp_path / "runs"
+    out.mkdir()
+    env = {**os.environ, "PHASES": "1:6 2:6 3:6", "OUT": str(out), "D": str(tmp_path / "data"),
+           "PYTHON": sys.executable, "VITLAB": f"{sys.executable} {fake}", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(["bash", str(copy)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "replaced" not in done.stdout
+    assert [json.loads(line)[0] for line in log.read_text().splitlines()] == ["lr-sensitivity", "depth-study",
+                                                                                "depth-study"]
