@@ -313,9 +313,13 @@ def study_rows(study: Path) -> tuple[list[dict], float]:
 def study_losses(study: Path) -> dict[str, dict[float, dict[int, float]]]:
     """``{cell: {lr: {seed: capped final validation loss}}}`` of every finished run ``CELL_lrLR_seedN`` of a
     learning-rate sensitivity study (a diverged run, or one above a uniform guess's loss, counts as that loss)."""
+    return _cells(*study_rows(study))
+
+
+def _cells(rows: list[dict], l0: float) -> dict[str, dict[float, dict[int, float]]]:
+    """:func:`study_losses` of the rows :func:`study_rows` read."""
     from vitlab.experiments.lr_sensitivity import capped_loss
 
-    rows, l0 = study_rows(study)
     out: dict[str, dict[float, dict[int, float]]] = {}
     for r in rows:
         out.setdefault(r["variant"], {}).setdefault(r["lr"], {})[r["seed"]] = capped_loss(r, l0)
@@ -357,7 +361,7 @@ def lr_sensitivities(arm: str, runs: Path = RUNS) -> dict[int, float]:
 
     study, prefix = arm.split("/", 1)
     rows, l0 = study_rows(runs / study)
-    cells = study_losses(runs / study)
+    cells = _cells(rows, l0)
     if not cells.get(prefix):
         raise NoRuns(f"no finished run {prefix}_lr*_seed* under {runs / study}")
     grid = study_grid(cells)

@@ -338,23 +338,40 @@ def _loss_row(spec: RunSpec, summary: dict) -> dict[str, Any]:
             "failed": failed(summary)}
 
 
+def _extension_runs(config: LRSensitivityConfig, pairs: Pairs, l0: float,
+                    planned: set[str]) -> tuple[list[RunSpec], dict[tuple, str]]:
+    """One step of ``--bracket``: the runs :func:`extensions` adds over ``pairs`` (a run not finished has a
+    ``failed`` summary, so its cell waits) that are not in ``planned``, and the note per cell not extended."""
+    cfg = config.run.replace(probe_images=config.probe_images)
+    seeds = list(range(config.seeds))
+    adds, notes = extensions([_loss_row(s, summary) for s, summary in pairs], l0, config.lrs, seeds, config.bracket,
+                             lambda lr: config.run.replace(lr=lr).validate())
+    new = [spec for variant, depth, lr in adds
+           for spec in lr_specs(config.base, [depth], [variant], [lr], seeds, cfg, config.shared)
+           if spec.name not in planned]
+    return new, notes
+
+
+def _say_added(config: LRSensitivityConfig, new: list[RunSpec], verb: str = "adding") -> None:
+    """The stderr line naming the runs ``--bracket`` adds beyond a cell's edge."""
+    import sys
+
+    cells = sorted({f"{s.info['variant']} at depth {s.info['depth']} at lr {lr_name(s.info['lr'])}" for s in new})
+    print(f"lr sensitivity --bracket {config.bracket}: best rate on the edge of its rates; {verb} {len(new)} run(s) "
+          f"beyond it: {', '.join(cells)}", file=sys.stderr, flush=True)
+
+
 def bracket_rounds(config: LRSensitivityConfig, pairs: Pairs, l0: float,
                    read: Callable[[list[RunSpec]], Pairs]) -> tuple[list[RunSpec], Pairs, dict[tuple, str]]:
     """``--bracket``'s rounds after the grid's ``pairs``: each round :func:`extensions` of every run read so far,
     the new runs handed to ``read`` (which trains or reads back those it can and returns their pairs), until a round
     adds no run not planned before (every cell settled; a rate a run of which did not finish stops its cell).
     Returns the runs planned beyond the grid, every pair, and the last round's note per cell."""
-    cfg = config.run.replace(probe_images=config.probe_images)
-    seeds = list(range(config.seeds))
     planned = {spec.name for spec, _ in pairs}
     added: list[RunSpec] = []
     pairs = list(pairs)
     while True:
-        adds, notes = extensions([_loss_row(s, summary) for s, summary in pairs], l0, config.lrs, seeds,
-                                 config.bracket, lambda lr: config.run.replace(lr=lr).validate())
-        new = [spec for variant, depth, lr in adds
-               for spec in lr_specs(config.base, [depth], [variant], [lr], seeds, cfg, config.shared)
-               if spec.name not in planned]
+        new, notes = _extension_runs(config, pairs, l0, planned)
         if not new:
             return added, pairs, notes
         planned.update(spec.name for spec in new)
@@ -368,32 +385,20 @@ def bracket_follow(config: LRSensitivityConfig, specs: list[RunSpec],
     :func:`extensions` adds for every cell whose runs have all finished, at once, so that a cell's next rate trains
     as soon as its curve is complete instead of after the whole grid (no worker waits for a round). Each run is
     returned once; a cell with a run not finished yet (or failed) waits."""
-    import sys
-
-    cfg = config.run.replace(probe_images=config.probe_images)
-    seeds = list(range(config.seeds))
     planned = list(specs)
     names = {spec.name for spec in planned}
 
     def follow(summaries: dict[str, dict]) -> list[RunSpec]:
+        pairs = [(s, summaries.get(s.name) or {"failed": "not finished yet"}) for s in planned]
         try:
-            l0 = math.log(_num_classes(cfg.dataset, out, [(s, summaries[s.name]) for s in planned
-                                                          if s.name in summaries]))
+            l0 = math.log(_num_classes(config.run.dataset, out, pairs))
         except ConfigError:  # an unknown data set's classes: known once a run has finished
             return []
-        rows = [_loss_row(s, summaries.get(s.name) or {"failed": "not finished yet"}) for s in planned]
-        adds, _ = extensions(rows, l0, config.lrs, seeds, config.bracket,
-                             lambda lr: config.run.replace(lr=lr).validate())
-        new = [spec for variant, depth, lr in adds
-               for spec in lr_specs(config.base, [depth], [variant], [lr], seeds, cfg, config.shared)
-               if spec.name not in names]
+        new, _ = _extension_runs(config, pairs, l0, names)
         if new:
             planned.extend(new)
             names.update(spec.name for spec in new)
-            cells = sorted({f"{s.info['variant']} at depth {s.info['depth']} at lr {lr_name(s.info['lr'])}"
-                            for s in new})
-            print(f"lr sensitivity --bracket {config.bracket}: best rate on the edge of its rates; adding {len(new)} "
-                  f"run(s) beyond it: {', '.join(cells)}", file=sys.stderr, flush=True)
+            _say_added(config, new)
         return new
 
     return follow
@@ -437,7 +442,6 @@ def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     beyond its edges, and write results.csv, summary.csv, sensitivity.csv, logits.csv, the figures, summary.json
     and index.html into ``config.output``. Returns those tables, the pairs, and ``notes``: per cell whose best rate
     is not interior, why no further rate was added."""
-    import sys
 
     from vitlab.experiments.record import finished_run
     from vitlab.experiments.runs import run_study
@@ -459,10 +463,7 @@ def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
             new = [spec for spec in new if finished_run(out / spec.name, spec.config) is not None]
         if not new:
             return []
-        cells = sorted({f"{s.info['variant']} at depth {s.info['depth']} at lr {lr_name(s.info['lr'])}" for s in new})
-        print(f"lr sensitivity --bracket {config.bracket}: best rate on the edge of its rates; "
-              f"{'reading back' if config.finished_only else 'adding'} {len(new)} run(s) beyond it: "
-              f"{', '.join(cells)}", file=sys.stderr, flush=True)
+        _say_added(config, new, "reading back" if config.finished_only else "adding")
         return run_study(new, out, "lr-sensitivity", **options)[1]
 
     notes: dict[tuple, str] = {}

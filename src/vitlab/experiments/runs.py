@@ -319,8 +319,7 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
     far (finished runs read back, then each run as it ends) and returns the runs to add, never one it returned
     before; a run it adds that already finished is read back (and ``follow`` asked again), the others train in the
     same worker pool as soon as a slot frees up, before the runs still queued (never copied: their ``source`` is
-    not read). Returns the folder and the pairs, the
-    added runs after ``specs`` in the order they were added."""
+    not read). Returns the folder and the pairs, the added runs after ``specs`` in the order they were added."""
     from vitlab import outputs
 
     out = Path(output).expanduser()
@@ -332,10 +331,9 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
     if follow is not None and finished_only:
         raise ValueError("run_study: follow adds runs to train; finished_only trains none")
     if follow is not None:  # what the runs read back already determine, planned before the pool is sized
-        while added := follow(dict(done)):
-            _, found, left = plan_runs(added, out, title=title)
-            specs, pending = [*specs, *added], [*pending, *left]
-            done.update(found)
+        added, found, left = _follow_all(follow, done, out, title)
+        specs, pending = [*specs, *added], [*pending, *left]
+        done.update(found)
     copies = [s for s in pending if s.source and not os.path.lexists(out / s.name)]
     pending = [s for s in pending if s not in copies]
     new = not os.path.lexists(out)
@@ -356,6 +354,21 @@ def run_study(specs: Sequence[RunSpec], output: str | Path, kind: str, *, force:
     except BaseException:
         _remove_if_empty(out, made, new)
         raise
+
+
+def _follow_all(follow: Follow, summaries: dict[str, dict], out_dir: Path,
+                title: str) -> tuple[list[RunSpec], dict[str, dict], list[RunSpec]]:
+    """Ask ``follow`` until it adds nothing (a run it adds that finished already is read back, and may decide
+    more): every run it added, the summaries of those read back, and those left to train."""
+    added: list[RunSpec] = []
+    found: dict[str, dict] = {}
+    left: list[RunSpec] = []
+    while new := follow({**summaries, **found}):
+        _, done, pending = plan_runs(new, out_dir, title=title)
+        added += new
+        found.update(done)
+        left += pending
+    return added, found, left
 
 
 def _remove_if_empty(out: Path, names: Sequence[str], new: bool) -> None:
@@ -406,18 +419,15 @@ def _execute(specs: Sequence[RunSpec], out_dir: Path, done: dict[str, dict], pen
         def more(task: RunTask, summary: dict) -> list[RunTask]:
             """The runs ``follow`` adds now that ``task`` ended: those finished already are read back."""
             summaries[task.name] = summary
-            tasks = []
-            while follow is not None and (added := follow(dict(summaries))):
-                _, found, left = plan_runs(added, out_dir, title=title)
-                specs.extend(added)
-                meter.total += len(added)
-                for s in added:
-                    if s.name in found:
-                        summaries[s.name] = found[s.name]
-                        meter.end(s.name, None, _note(s, found[s.name]))
-                by_name.update((s.name, s) for s in left)
-                tasks += [task_of(s) for s in left]
-            return tasks
+            added, found, left = _follow_all(follow, summaries, out_dir, title)
+            specs.extend(added)
+            meter.total += len(added)
+            summaries.update(found)
+            for s in added:
+                if s.name in found:
+                    meter.end(s.name, None, _note(s, found[s.name]))
+            by_name.update((s.name, s) for s in left)
+            return [task_of(s) for s in left]
 
         summaries.update(run_tasks([task_of(s) for s in pending], executor, retries=retries, on_start=on_start,
                                    on_end=on_end, more=more if follow is not None else None))

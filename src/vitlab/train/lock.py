@@ -79,11 +79,12 @@ class RunLock:
             holder = fh.read().strip()
             fh.close()
             pid, _, host = holder.partition(" ")
-            who = f" (process {pid})" if pid.isdigit() else ""
-            who += f" on host {host.strip()}" if who and host.strip() else ""
-            busy = RunBusy(f"{self.folder} is being written by another vitlab train run{who}; wait for it to end "
-                           "or stop it, or pick another --output")
-            busy.holder = who.strip(" ()").replace(") on", " on")
+            process = f"process {pid}" if pid.isdigit() else ""
+            on = f" on host {host.strip()}" if process and host.strip() else ""
+            busy = RunBusy(f"{self.folder} is being written by another vitlab train run"
+                           f"{f' ({process}){on}' if process else ''}; wait for it to end or stop it, or pick "
+                           "another --output")
+            busy.holder = process + on
             raise busy from None
         fh.seek(0)
         fh.truncate()
