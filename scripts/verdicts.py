@@ -21,7 +21,8 @@ An arm written ``STUDY/PREFIX@best`` is the learning rate whose runs have the lo
 Arms with one run so far get their effect and *undecided*, no interval. A claim that names the runs its design plans
 per arm (``Claim.runs``, section 10) is *pending* until both arms have finished them: no effect, interval or p-value
 from an unfinished phase, so the family's correction leaves it out; its ``seeds`` cell shows the runs finished per
-arm (``2/5``; ``0/0`` before any). Section 10's drop-path controls are run for the best arm, chosen on validation
+arm and the runs planned (``2/1 of 5``: two runs of the first arm, one of the second, five planned each;
+``0/0 of 5`` before any). Section 10's drop-path controls are run for the best arm, chosen on validation
 accuracy once phase 2 ends (:func:`best_arm`). ``runs_to_decide`` is the runs per arm at which the MDE, at the
 spread measured, would reach the observed effect (for equivalence: half the margin), at alpha 0.05 for that claim
 alone; ``> 50`` when even 50 would not. Every row of sections 7 and 8 (short proxies) has the ``standing``
@@ -452,7 +453,7 @@ def _row(claim: Claim, r: stats.Result) -> dict[str, str]:
             "comparison": f"{claim.b} - {claim.a}" if lower else f"{claim.a} - {claim.b}",
             "unit": UNITS.get(claim.measure, "CV"), **{k: cells[k] for k in (
                 "effect", "ci_low", "ci_high", "p", "q", "adj_ci_low", "adj_ci_high", "test")},
-            "seeds": f"{r.n_a}/{r.n_b}" if r.verdict == PENDING else cells["runs"], "mde": cells["mde"],
+            "seeds": f"{r.n_a}/{r.n_b} of {claim.runs}" if r.verdict == PENDING else cells["runs"], "mde": cells["mde"],
             "margin": cells["margin"], "verdict": r.verdict,
             "runs_to_decide": r.runs_to_decide}
 

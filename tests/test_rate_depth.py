@@ -58,7 +58,7 @@ def test_a_claim_is_pending_until_both_arms_have_the_runs_its_design_plans(tmp_p
         _run(tmp_path, "depth_budget", f"layerscale_depth24_seed{seed}", seed=seed, test_acc=0.90 + 0.002 * seed)
         _run(tmp_path, "depth_budget", f"layerscale_depth6_seed{seed}", seed=seed, test_acc=0.88 + 0.001 * seed)
     row = v.evaluate(claim, tmp_path)
-    assert row["verdict"] == v.PENDING and row["seeds"] == "4/4" and row["test"].startswith("pending")
+    assert row["verdict"] == v.PENDING and row["seeds"] == "4/4 of 5" and row["test"].startswith("pending")
     assert all(math.isnan(float(row[k])) for k in ("effect", "ci_low", "ci_high", "p", "q")), row
     _run(tmp_path, "depth_budget", "layerscale_depth24_seed4", seed=4, test_acc=0.908)
     assert v.evaluate(claim, tmp_path)["verdict"] == v.PENDING  # 5 against 4: still pending
@@ -78,7 +78,7 @@ def test_a_pending_claim_stays_out_of_the_familys_correction(tmp_path):
     done = v.Claim("x", "10", "24 beats 6 (no planned runs)", "depth_budget/vit_depth24", "depth_budget/vit_depth6")
     alone = v.rows([done], tmp_path)[0]
     both = v.rows([done, _claim(v, "budget-vit-24-6"), _claim(v, "budget-qk-24-6")], tmp_path)
-    assert [r["verdict"] for r in both[1:]] == [v.PENDING, v.PENDING] and both[2]["seeds"] == "0/0"
+    assert [r["verdict"] for r in both[1:]] == [v.PENDING, v.PENDING] and both[2]["seeds"] == "0/0 of 5"
     assert both[0]["q"] == alone["q"] != "nan"  # a family of one: the pending rows add no test
 
 
@@ -89,7 +89,9 @@ def test_no_row_of_verdicts_csv_is_decided_before_its_phase_ends():
     assert len(rows) == sum(c.section == "10" for c in v.CLAIMS) > 30
     for r in rows:
         if r["verdict"] == v.PENDING:
-            a, b = (int(n) for n in r["seeds"].split("/"))
+            done, planned = r["seeds"].split(" of ")
+            a, b = (int(n) for n in done.split("/"))
+            assert int(planned) == _claim(v, r["id"]).runs, r["id"]
             assert min(a, b) < _claim(v, r["id"]).runs and r["q"] == "nan", r["id"]
 
 
@@ -126,7 +128,7 @@ def test_the_best_arm_is_chosen_on_validation_accuracy_never_on_the_test_set(tmp
     assert row["verdict"] != v.PENDING and math.isfinite(float(row["ci_low"]))
     # the uniform rule has no runs yet: pending, for the arm chosen
     row = v.evaluate(_claim(v, "budget-dp-rule-24"), tmp_path)
-    assert row["verdict"] == v.PENDING and row["seeds"] == "0/5" and "qknorm" in row["comparison"]
+    assert row["verdict"] == v.PENDING and row["seeds"] == "0/5 of 5" and "qknorm" in row["comparison"]
 
 
 def test_the_best_arm_waits_for_every_arm_at_24_blocks(tmp_path):
@@ -137,7 +139,7 @@ def test_the_best_arm_waits_for_every_arm_at_24_blocks(tmp_path):
     (tmp_path / "depth_budget" / "deepvit_depth24_seed4").rmdir()
     assert v.best_arm(tmp_path) is None
     row = v.evaluate(_claim(v, "budget-dp-0-24"), tmp_path)
-    assert row["verdict"] == v.PENDING and row["seeds"] == "0/0" and v.BEST_PENDING in row["claim"]
+    assert row["verdict"] == v.PENDING and row["seeds"] == "0/0 of 5" and v.BEST_PENDING in row["claim"]
 
 
 # ------------------------------------------------------------------------------------------------ LR sensitivity

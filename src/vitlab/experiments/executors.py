@@ -247,7 +247,8 @@ class InProcess:
 def _worker_main(conn: Any) -> None:
     """A local worker process: train each task it receives and send back the outcome, until it gets None. On Linux
     it asks the kernel for SIGTERM when the study process ends (killed with no chance to stop its workers), so it
-    stops at a checkpoint the next invocation resumes instead of training on unseen."""
+    stops at a checkpoint the next invocation resumes instead of training on unseen. A run stopped that way (the
+    trainer has already said where its checkpoint is) ends the worker quietly, with no traceback."""
     _term_with_parent()
     while True:
         try:
@@ -256,7 +257,11 @@ def _worker_main(conn: Any) -> None:
             return
         if task is None:
             return
-        conn.send(train_task(task))
+        try:
+            outcome = train_task(task)
+        except KeyboardInterrupt:  # SIGTERM or Ctrl-C: stopped at a checkpoint; the study says it was interrupted
+            raise SystemExit(1) from None
+        conn.send(outcome)
 
 
 def _term_with_parent() -> None:
