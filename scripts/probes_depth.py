@@ -4,9 +4,9 @@ attention look like against depth, per arm, from phase 2's run records.
 Each run's last epoch with probes in its ``metrics.jsonl`` (the ``probe/NAME/block{i}`` columns,
 :func:`vitlab.analysis.probes.layer_columns`; docs/analysis.md): the token similarity, the uncentred effective rank
 and the attention entropy at the last block, and the largest attention logit over all blocks. Per (arm, depth) the
-median over the cell's seeds. Until every cell of phase 2 (:data:`ARMS` at :data:`DEPTHS`, ``depth_budget/
-ARM_depthD_seedN``) has its :data:`SEEDS` seeds, no number is drawn from it: each row reads ``pending (k of 15
-cells finished)`` and the figure is not drawn.
+median over the cell's seeds, once the cell (``depth_budget/ARM_depthD_seedN``) has its :data:`SEEDS` seeds: a cell
+still training reads ``pending (k of 5 seeds)`` with no number, so no median comes from part of a cell. The figure
+(probe against depth) is drawn once every cell of phase 2 (:data:`ARMS` at :data:`DEPTHS`) is complete.
 
     python scripts/probes_depth.py             # write docs/results/depth_budget/probes_depth.csv (and the figure)
     python scripts/probes_depth.py --check     # exit 1 when the CSV differs from the records
@@ -68,7 +68,8 @@ def run_probes(run: Path) -> dict[str, float]:
 
 
 def rows(runs: Path = RUNS) -> list[dict[str, str]]:
-    """One row per arm and depth: the seeds finished and, once phase 2 is complete, each probe's median over seeds."""
+    """One row per arm and depth: the seeds finished and, once the cell has its :data:`SEEDS` seeds, each probe's
+    median over them."""
     per_cell: dict[tuple[str, int], list[dict[str, float]]] = {}
     for arm in ARMS:
         for depth in DEPTHS:
@@ -76,12 +77,11 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
                 per_cell[(arm, depth)] = [run_probes(r) for r in run_dirs(f"depth_budget/{arm}_depth{depth}", runs)]
             except NoRuns:
                 per_cell[(arm, depth)] = []
-    done = sum(len(v) >= SEEDS for v in per_cell.values())
-    complete = done == len(per_cell)
     out = []
     for (arm, depth), found in per_cell.items():
+        complete = len(found) >= SEEDS
         row = {"variant": arm, "depth": str(depth), "seeds": f"{len(found)}/{SEEDS}",
-               "status": "complete" if complete else f"pending ({done} of {len(per_cell)} cells finished)"}
+               "status": "complete" if complete else f"pending ({len(found)} of {SEEDS} seeds)"}
         for column, *_ in PROBES:
             finite = [p[column] for p in found if math.isfinite(p[column])]
             row[column] = f"{statistics.median(finite):.6g}" if complete and finite else ""
@@ -100,7 +100,7 @@ def table(runs: Path = RUNS) -> str:
 
 def figure(text: str, path: Path = FIGURE) -> Path | None:
     """Draw the probes CSV ``text`` (a column per arm, a row per probe, median against depth); None, and nothing
-    drawn, while phase 2 is pending."""
+    drawn, while a cell of phase 2 is pending."""
     table_rows = list(csv.DictReader(io.StringIO(text)))
     if not table_rows or any(r["status"] != "complete" for r in table_rows):
         return None

@@ -257,7 +257,7 @@ def test_the_chosen_rates_come_from_phase_ones_bracketed_cells(tmp_path):
 # ------------------------------------------------------------------------------------------------ the probes
 
 
-def test_the_probes_csv_holds_medians_of_the_last_block_and_the_max_logit_once_phase_two_ends(tmp_path):
+def test_the_probes_csv_holds_a_cells_medians_once_it_has_its_seeds_and_the_figure_once_phase_two_ends(tmp_path):
     d = load_script("probes_depth")
     for arm in ARMS:
         for depth in (6, 12, 24):
@@ -272,8 +272,12 @@ def test_the_probes_csv_holds_medians_of_the_last_block_and_the_max_logit_once_p
                      probes=probes)
     text = d.table(tmp_path)
     rows = list(csv.DictReader(text.splitlines()))
-    assert len(rows) == 15 and all(r["status"] == "pending (14 of 15 cells finished)" for r in rows)
-    assert all(r["max_logit_max"] == "" for r in rows) and d.figure(text, tmp_path / "f.png") is None
+    assert len(rows) == 15 and d.figure(text, tmp_path / "f.png") is None  # a cell is pending: no figure
+    pending = [r for r in rows if r["status"] != "complete"]
+    assert [(r["variant"], r["depth"], r["status"]) for r in pending] == [("cait", "12", "pending (4 of 5 seeds)")]
+    assert all(pending[0][c] == "" for c in d.COLUMNS[3:-1])  # no median from part of a cell
+    vit6 = next(r for r in rows if (r["variant"], r["depth"]) == ("vit", "6"))
+    assert float(vit6["max_logit_max"]) == pytest.approx(20.0 + 6 + 50.0)  # a finished cell has its numbers
     _run(tmp_path, "depth_budget", "cait_depth12_seed4", seed=4, depth=12,
          probes={"token_similarity": [0.9] * 12, "effective_rank_uncentred": [4.0] * 12, "attn_entropy": [2.0] * 12,
                  "max_logit": [1.0] * 12})
