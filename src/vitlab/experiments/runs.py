@@ -202,10 +202,12 @@ def print_plans(specs: list[RunSpec], out_dir: str | Path, title: str) -> int:
 
 
 class Progress:
-    """One line per run on stderr: ``[3/12] name: ...`` with the elapsed time and an estimate of what is left."""
+    """One line per run on stderr: ``[3/12] name: ...`` with the elapsed time and an estimate of what is left: the
+    mean time of a run trained so far, times the rounds of ``slots`` parallel runs (workers) the runs left need."""
 
-    def __init__(self, total: int, title: str, stream: Any = None) -> None:
+    def __init__(self, total: int, title: str, stream: Any = None, slots: int = 1) -> None:
         self.total, self.title, self.stream = total, title, stream or sys.stderr
+        self.slots = max(1, slots)
         self.start = time.perf_counter()
         self.trained = 0
         self.train_seconds = 0.0
@@ -222,7 +224,8 @@ class Progress:
             self.trained += 1
             self.train_seconds += time.perf_counter() - started
         left = self.total - self.done
-        eta = f", about {_duration(left * self.train_seconds / self.trained)} left" if self.trained and left else ""
+        rounds = -(-left // self.slots)  # ceil: the last round may run fewer than slots runs
+        eta = f", about {_duration(rounds * self.train_seconds / self.trained)} left" if self.trained and left else ""
         how = "failed" if failed else "finished" if started is not None else \
             f"reused from {source}" if source else "already finished, read back"
         how += " " if failed else "; "
@@ -394,7 +397,7 @@ def _execute(specs: Sequence[RunSpec], out_dir: Path, done: dict[str, dict], pen
              title: str, copied: dict[str, str] | None = None,
              follow: Follow | None = None) -> list[tuple[RunSpec, dict]]:
     specs = list(specs)
-    meter = Progress(len(specs), title)
+    meter = Progress(len(specs), title, slots=pool[0].slots if pool is not None else 1)
     summaries = dict(done)
     for spec in specs:
         if spec.name in done:
