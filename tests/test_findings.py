@@ -336,6 +336,22 @@ def test_every_verdict_word_on_the_page_is_its_sections_row() -> None:
     assert _bad_verdict_words(PAGE.read_text()) == []
 
 
+QUOTED_Q = re.compile(r"\bq (?:= ?)?(?:0\.\d+|1)\b")
+
+
+def test_prose_quotes_no_q_value_and_the_familys_size_is_the_csvs() -> None:
+    """Every q moves when the family grows (section 10 adds its claims as its runs land), so a q typed in the prose
+    goes stale: q-values live in the generated tables only. The family's size stated in the introduction is the
+    CSV's."""
+    text = PAGE.read_text()
+    assert [line[:100] for _, line in _prose_by_section(text) if QUOTED_Q.search(line)] == []
+    intro = text[:text.index("\n## ")]
+    tested = [r for r in _verdict_rows() if r["q"] not in ("", "nan")]
+    decided = sum(r["verdict"] != "undecided" for r in tested)
+    assert f"family now: {decided} decided of {len(tested)}," in intro.replace("\n", " ")
+    assert QUOTED_Q.search("interval -1.33 to +2.20, q 0.49)") and not QUOTED_Q.search("a q-value, q-values")
+
+
 def test_a_verdict_word_the_data_does_not_give_fails() -> None:
     text = PAGE.read_text()
     marker = "\n### 2.2 "
