@@ -20,7 +20,7 @@ An arm written ``STUDY/PREFIX@best`` is the learning rate whose runs have the lo
 (:func:`lr_sensitivities`; :func:`vitlab.experiments.lr_sensitivity.lr_sensitivity`, the study's own definition).
 Arms with one run so far get their effect and *undecided*, no interval. A claim that names the runs its design plans
 per arm (``Claim.runs``, section 10) is *pending* until both arms have finished them: no effect, interval or p-value
-from an unfinished phase, so the family's correction leaves it out; its ``seeds`` cell shows the runs finished per
+from an arm short of its runs, so the family's correction leaves it out; its ``seeds`` cell shows the runs finished per
 arm and the runs planned (``2/1 of 5``: two runs of the first arm, one of the second, five planned each;
 ``0/0 of 5`` before any). Section 10's drop-path controls are run for the best arm, chosen on validation
 accuracy once phase 2 ends (:func:`best_arm`). ``runs_to_decide`` is the runs per arm at which the MDE, at the
@@ -414,7 +414,8 @@ def resolve(claim: Claim, best: str | None) -> Claim:
 
 def pending(claim: Claim, n_a: int, n_b: int) -> stats.Result:
     """A claim whose arms have ``n_a`` and ``n_b`` of the :attr:`Claim.runs` its design plans: no effect, no interval
-    and no p-value from an unfinished phase (so the family's correction leaves it out), the verdict :data:`PENDING`."""
+    and no p-value from an arm short of its runs (so the family's correction leaves it out), the verdict
+    :data:`PENDING`."""
     nan = math.nan
     return stats.Result(nan, nan, nan, nan, f"pending: {claim.runs} runs per arm planned", n_a, n_b, nan, "",
                         PENDING, margin=claim.margin)
