@@ -126,6 +126,15 @@ def test_mean_std_and_aggregate_over_seeds():
     assert [a["d"] for a in agg] == [32, 64] and [a["n"] for a in agg] == [3, 2]
     assert agg[0]["acc_mean"] == pytest.approx(0.92) and agg[0]["acc_std"] == pytest.approx(0.02)
     assert agg[1]["acc_mean"] == pytest.approx(0.97) and agg[1]["acc_std"] == pytest.approx(0.04 / math.sqrt(2))
+    assert agg[0]["acc_median"] == 0.92 and agg[1]["acc_median"] == pytest.approx(0.97)
+
+
+def test_the_median_over_seeds_ignores_one_outlying_or_failed_seed():
+    """What a page quotes over seeds: one seed far off moves the mean, not the median; a NaN (diverged) is left out."""
+    rows = [{"v": "a", "acc": x} for x in (0.86, 0.87, 0.88, 0.10, float("nan"))]
+    (a,) = aggregate(rows, ["v"], ["acc"])
+    assert a["acc_median"] == pytest.approx(0.865) and a["acc_mean"] == pytest.approx(0.6775)
+    assert math.isnan(aggregate([{"v": "a", "acc": float("nan")}], ["v"], ["acc"])[0]["acc_median"])
 
 
 def test_fit_power_law_recovers_the_exponent():
@@ -707,6 +716,7 @@ def test_depth_study_command(tmp_path: Path, monkeypatch):
         ("layerscale", "1"), ("layerscale", "2"), ("cait", "1"), ("cait", "2")]  # trained deepest first, read in order
     summary = {(r["variant"], r["depth"]): r for r in read_rows(out / "summary.csv")}
     assert float(summary[("cait", "2")]["test_acc_mean"]) == pytest.approx(float(rows[3]["test_acc"]))
+    assert float(summary[("cait", "2")]["test_acc_median"]) == pytest.approx(float(rows[3]["test_acc"]))
     report = json.loads((out / "cait_depth2_seed0" / "analysis" / "summary.json").read_text())
     assert report["collapse"][0]["similar_blocks"] == json.loads(
         (out / "cait_depth2_seed0" / "diagnostics.json").read_text())["collapse"][0]["similar_blocks"]
@@ -730,9 +740,9 @@ def test_depth_accuracy_figure_zooms_on_trained_points(tmp_path: Path, monkeypat
     drawn = []
     real = depth_plots.plot_against_depth
 
-    def spy(agg, variants, panels, path, title, subsets=None):
+    def spy(agg, variants, panels, path, title, subsets=None, runs=None):
         drawn.append((panels, subsets))
-        return real(agg, variants, panels, path, title, subsets=subsets)
+        return real(agg, variants, panels, path, title, subsets=subsets, runs=runs)
 
     monkeypatch.setattr(depth_plots, "plot_against_depth", spy)
     depth_plots.plot_accuracy(trained + failed, ["vit", "fixup"], tmp_path / "a.png")

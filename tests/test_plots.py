@@ -55,3 +55,23 @@ def test_similarity_of_a_one_block_model_read_back_from_json_draws(tmp_path):
     diag = json.loads(json.dumps(diag).replace("NaN", "null"))  # as diagnostics.json reads back
     out = plot_similarity({"vit": diag}, 1, tmp_path / "sim.png")
     assert out.is_file() and out.stat().st_size > 0
+
+
+def test_accuracy_figure_draws_the_median_line_and_every_seed(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the runs, the line is the median over seeds (not the mean an outlying seed drags) and each seed is a dot."""
+    import matplotlib.axes
+
+    lines, dots = [], []
+    real_plot, real_scatter = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, x, y, *a, **k: (lines.append((list(x), list(y))), real_plot(self, x, y, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter",
+                        lambda self, x, y, *a, **k: (dots.extend(y), real_scatter(self, x, y, *a, **k))[1])
+    runs = [{"variant": "vit", "depth": d, "seed": s, "test_acc": acc}
+            for d, accs in ((2, (0.80, 0.82, 0.10)), (4, (0.85, 0.86, 0.87))) for s, acc in enumerate(accs)]
+    agg = [{"variant": "vit", "depth": d, "test_acc_mean": 0.5, "test_acc_std": 0.1} for d in (2, 4)]
+    depth.plot_accuracy(agg, ["vit"], tmp_path / "a.png", runs=runs)
+    assert lines == [([2, 4], [pytest.approx(80.0), pytest.approx(86.0)])]
+    assert sorted(dots) == pytest.approx(sorted(100 * r["test_acc"] for r in runs))
+    assert (tmp_path / "a.png").stat().st_size > 0

@@ -262,7 +262,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     write_csv(out / "summary.csv", agg)
     write_csv(out / "residual_ratios.csv", ratio_rows)
     write_csv(out / "collapse_layers.csv", layer_rows)
-    plot_accuracy(agg, variants, out / "accuracy_vs_depth.png")
+    plot_accuracy(agg, variants, out / "accuracy_vs_depth.png", runs=rows)
     collapse_panels = [("mean_similarity", "mean cross-layer similarity", 1.0),
                        ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)]
     pre_mix = any(r["mean_similarity_pre_mix"] == r["mean_similarity_pre_mix"] for r in rows)
@@ -321,8 +321,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     sections = [
         *warning_section(rows, ("variant", "depth", "seed"), warning),
         Section("Accuracy against depth", f"{lines}. Final test accuracy after the same recipe (no epoch or depth "
-                "is chosen on the test set; with --val-split the validation columns choose); error bars are the "
-                "standard deviation over seeds (0 with one seed).", ["accuracy_vs_depth.png"], ["summary.csv"]),
+                "is chosen on the test set; with --val-split the validation columns choose): the line is the median "
+                "over seeds and each dot one seed; summary.csv has the median, mean and standard deviation.", ["accuracy_vs_depth.png"], ["summary.csv"]),
         Section("Attention collapse", "Mean cosine similarity between the attention maps of different "
                 "self-attention layers (Zhou et al. 2021, DeepViT: same head, same key token, compared over "
                 f"queries), and the share of layers that have at least one other layer above {threshold:g}. Rising "

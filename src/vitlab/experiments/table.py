@@ -64,6 +64,12 @@ def summary_values(summary: dict, columns: Sequence[str]) -> dict[str, float]:
     return {c: summary_value(summary, c) for c in columns}
 
 
+def finite_median(values: Sequence[float]) -> float:
+    """Median of the finite ``values``; NaN when none (a diverged run's NaN loss does not move it)."""
+    xs = [float(v) for v in values if v == v]
+    return statistics.median(xs) if xs else float("nan")
+
+
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value) of the finite ``values``; NaNs when none."""
     xs = [float(v) for v in values if v == v]
@@ -73,8 +79,9 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def aggregate(rows: Sequence[dict], keys: Sequence[str], values: Sequence[str]) -> list[dict]:
-    """Group ``rows`` by ``keys`` (first-seen order) and give ``n`` and ``<v>_mean`` / ``<v>_std`` per value column
-    (a column a row lacks, as in a record written before that measure existed, counts as NaN)."""
+    """Group ``rows`` by ``keys`` (first-seen order) and give ``n`` and ``<v>_mean`` / ``<v>_std`` / ``<v>_median``
+    per value column (the median is what a page quotes over seeds: one lucky or failed seed does not move it; a
+    column a row lacks, as in a record written before that measure existed, counts as NaN)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in keys), []).append(r)
@@ -83,7 +90,9 @@ def aggregate(rows: Sequence[dict], keys: Sequence[str], values: Sequence[str]) 
         row = dict(zip(keys, key))
         row["n"] = len(members)
         for v in values:
-            row[f"{v}_mean"], row[f"{v}_std"] = mean_std([float(m.get(v, math.nan)) for m in members])
+            xs = [float(m.get(v, math.nan)) for m in members]
+            row[f"{v}_mean"], row[f"{v}_std"] = mean_std(xs)
+            row[f"{v}_median"] = finite_median(xs)
         out.append(row)
     return out
 

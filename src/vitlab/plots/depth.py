@@ -1,5 +1,5 @@
 """The figures of a depth study (:mod:`vitlab.experiments.depth_study`): values against depth per variant (mean +-
-std over seeds), residual ratios per block, similar blocks per layer, the cross-layer similarity heatmaps and the
+std over seeds; test accuracy as the median with every seed drawn), residual ratios per block, similar blocks per layer, the cross-layer similarity heatmaps and the
 probes against depth and per epoch."""
 
 from __future__ import annotations
@@ -20,11 +20,23 @@ def curves(agg: list[dict[str, Any]], value: str, variants: list[str]) -> dict[s
     return out
 
 
+def seed_values(runs: list[dict[str, Any]], value: str, variant: str, depths: list[int]) -> list[list[float]]:
+    """Per depth in ``depths``, the finite ``value`` of every run (seed) of ``variant`` at that depth."""
+    out = []
+    for d in depths:
+        xs = [float(r[value]) for r in runs if r["variant"] == variant and int(r["depth"]) == int(d)]
+        out.append([x for x in xs if x == x])
+    return out
+
+
 def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: list[tuple[str, str, float]],
-                       path: str | Path, title: str, subsets: list[list[dict[str, Any]]] | None = None) -> Path:
-    """One panel per ``(value, ylabel, scale)``: a line per variant with mean +- std over seeds against depth
-    (panel ``i`` draws the rows ``subsets[i]`` when given, else all of ``agg``); a variant keeps its colour
-    across panels."""
+                       path: str | Path, title: str, subsets: list[list[dict[str, Any]]] | None = None,
+                       runs: list[dict[str, Any]] | None = None) -> Path:
+    """One panel per ``(value, ylabel, scale)``: a line per variant against depth (panel ``i`` draws the rows
+    ``subsets[i]`` when given, else all of ``agg``); a variant keeps its colour across panels. The line is the mean
+    +- std over seeds, or, given the per-run ``runs``, the median over seeds with every seed drawn as a dot beside
+    it (a figure then shows the spread itself, and one lucky seed does not move the line)."""
+    import statistics
     from vitlab.plots.figure import new_figure, save
 
     cols = min(3, len(panels))  # more than three panels wrap onto further rows
@@ -37,9 +49,19 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
     colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     for i, (ax, (value, ylabel, scale)) in enumerate(zip(axes, panels)):
         rows = subsets[i] if subsets is not None else agg
-        for variant, (x, m, s) in curves(rows, value, variants).items():
-            ax.errorbar(x, [scale * v for v in m], yerr=[scale * v for v in s], marker="o", capsize=3, label=variant,
-                        color=colours[variant])
+        for j, (variant, (x, m, s)) in enumerate(curves(rows, value, variants).items()):
+            if runs is None:
+                ax.errorbar(x, [scale * v for v in m], yerr=[scale * v for v in s], marker="o", capsize=3,
+                            label=variant, color=colours[variant])
+                continue
+            seeds = seed_values(runs, value, variant, x)
+            kept = [(d, xs) for d, xs in zip(x, seeds) if xs]
+            ax.plot([d for d, _ in kept], [scale * statistics.median(xs) for _, xs in kept], marker="o",
+                    label=variant, color=colours[variant])
+            shift = 2 ** (0.04 * (j - (len(variants) - 1) / 2))  # side by side on the log-2 axis, not on top
+            for d, xs in kept:
+                ax.scatter([d * shift] * len(xs), [scale * v for v in xs], s=12, alpha=0.45, color=colours[variant],
+                           linewidths=0)
         depth_axis(ax, depths, "depth (self-attention blocks)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -48,16 +70,19 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
     return save(fig, path)
 
 
-def plot_accuracy(agg: list[dict[str, Any]], variants: list[str], path: str | Path) -> Path:
-    """Test accuracy against depth per variant; when some points are under-trained or diverged (they sit tens of
-    points below and flatten every other line), a second panel shows the trained points alone at their scale."""
-    title = "test accuracy against depth (mean +- std over seeds)"
+def plot_accuracy(agg: list[dict[str, Any]], variants: list[str], path: str | Path,
+                  runs: list[dict[str, Any]] | None = None) -> Path:
+    """Test accuracy against depth per variant: the median over seeds with each seed a dot when the per-run
+    ``runs`` are given, else mean +- std; when some points are under-trained or diverged (they sit tens of points
+    below and flatten every other line), a second panel shows the trained points alone at their scale."""
+    title = ("test accuracy against depth (median over seeds; a dot per seed)" if runs is not None
+             else "test accuracy against depth (mean +- std over seeds)")
     panels = [("test_acc", "test accuracy (%)", 100.0)]
     trained = [a for a in agg if not a.get("undertrained") and not a.get("diverged")]
     if not trained or len(trained) == len(agg):
-        return plot_against_depth(agg, variants, panels, path, title)
+        return plot_against_depth(agg, variants, panels, path, title, runs=runs)
     panels.append(("test_acc", "test accuracy (%), trained points only", 100.0))
-    return plot_against_depth(agg, variants, panels, path, title, subsets=[agg, trained])
+    return plot_against_depth(agg, variants, panels, path, title, subsets=[agg, trained], runs=runs)
 
 
 def plot_ratios(ratio_rows: list[dict[str, Any]], variants: list[str], depths: list[int], path: str | Path) -> Path:
