@@ -75,7 +75,7 @@ def plot_accuracy(agg: list[dict[str, Any]], variants: list[str], path: str | Pa
     """Test accuracy against depth per variant: the median over seeds with each seed a dot when the per-run
     ``runs`` are given, else mean +- std; when some points are under-trained or diverged (they sit tens of points
     below and flatten every other line), a second panel shows the trained points alone at their scale."""
-    title = ("test accuracy against depth (median over seeds; a dot per seed)" if runs is not None
+    title = ("test accuracy against depth (median; a dot per seed)" if runs is not None
              else "test accuracy against depth (mean +- std over seeds)")
     panels = [("test_acc", "test accuracy (%)", 100.0)]
     trained = [a for a in agg if not a.get("undertrained") and not a.get("diverged")]
