@@ -186,7 +186,7 @@ def test_pending_markers_name_columns_the_studies_write() -> None:
     from vitlab.experiments.table import value_columns
 
     def agg(values: tuple[str, ...]) -> set[str]:
-        return {f"{v}_{s}" for v in values for s in ("mean", "std")} | {"n", "params", "macs", "undertrained",
+        return {f"{v}_{s}" for v in values for s in ("mean", "std", "median")} | {"n", "params", "macs", "undertrained",
                                                                           "diverged"}
 
     t = _tables()
