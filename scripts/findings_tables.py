@@ -15,7 +15,10 @@ may have several, ``verdict!=undecided, verdict!=pending``)::
     | forward time | 1.39 |
 
 Each figure follows ``<!-- figure: findings_NAME.png from STUDY/FILE.png | ALT TEXT -->`` (the image under
-``docs/figures/`` and where it comes from in the study folder). Until its CSV or image exists, the line after a
+``docs/figures/`` and where it comes from in the study folder). A verdict word in the prose is generated too, from
+``results/verdicts.csv``: ``<!-- verdict: ID[,ID ...] -->undecided<!-- /verdict -->`` holds the verdict of the
+claims named (one word for several claims only while they share it; when they part, the check names the sentence
+to rewrite), so a verdict that moves as the family grows moves in the sentence as well. Until its CSV or image exists, the line after a
 marker says "Not yet run". A column whose values are all numbers is right-aligned; a cell with an empty or NaN
 value reads ``n/a``.
 
@@ -37,7 +40,7 @@ resumes from the committed records.
 embed_dim into one CSV (``OUT``, a column ``embed_dim``; the variants every study has, like for like) and draws
 attention similarity and accuracy against depth per variant and width beside it (``OUT`` with ``.png``).
 
-One script (about 430 lines): the page's table markers, their CSV readers and the joined tables they render
+One script (about 500 lines): the page's table markers, their CSV readers and the joined tables they render
 are one tool, run as one command.
 """
 
@@ -55,6 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = re.compile(r"<!-- (table|figure): (.*?)-->\n", re.S)
+VERDICT_SPAN = re.compile(r"<!-- verdict: ([^>]*?) -->(.*?)<!-- /verdict -->")
+VERDICTS = ("results/verdicts.csv", "docs/results/verdicts.csv")  # from docs/findings.md, from README.md
 FIELD = re.compile(r"\{(\w+)(?:([*/])([0-9.eE+-]+))?(?::([^}]*))?\}")
 NA = "n/a"
 
@@ -172,6 +177,58 @@ def render_figure(spec: str, docs: Path) -> str:
     return f"![{alt}](figures/{name})\n"
 
 
+def _verdicts(docs: Path) -> dict[str, str]:
+    """``{claim id: verdict}`` of the verdicts CSV beside the page (empty when there is none)."""
+    for rel in VERDICTS:
+        if (docs / rel).is_file():
+            with (docs / rel).open(newline="") as f:
+                return {r["id"]: r["verdict"] for r in csv.DictReader(f)}
+    return {}
+
+
+def verdict_word(ids: str, verdicts: dict[str, str]) -> str:
+    """The verdict a ``<!-- verdict: IDS -->`` span holds: the one verdict every claim of ``ids`` has."""
+    names = [i.strip() for i in ids.split(",") if i.strip()]
+    unknown = [i for i in names if i not in verdicts]
+    if not names or unknown:
+        raise ValueError(f"no claim {', '.join(unknown) or repr(ids)} in verdicts.csv; name claims by its id column")
+    words = {verdicts[i] for i in names}
+    if len(words) > 1:
+        said = "; ".join(f"{i} {verdicts[i]}" for i in names)
+        raise ValueError(f"the claims {', '.join(names)} no longer share a verdict ({said}): rewrite the sentence "
+                         "to give each its own span")
+    return words.pop()
+
+
+def span_problems(text: str, docs: Path) -> list[tuple[int, str]]:
+    """``(line, message)`` for every verdict span of ``text`` whose word is not its claims' verdict."""
+    verdicts, out = _verdicts(docs), []
+    for m in VERDICT_SPAN.finditer(text):
+        line = text[:m.start()].count("\n") + 1
+        try:
+            want = verdict_word(m.group(1), verdicts)
+        except ValueError as e:
+            out.append((line, str(e)))
+            continue
+        if m.group(2) != want:
+            out.append((line, f"the verdict of {m.group(1)} is {want!r}, the page says {m.group(2)!r}"))
+    return out
+
+
+def update_spans(text: str, docs: Path) -> str:
+    """``text`` with every verdict span holding its claims' verdict; ValueError names a span that cannot."""
+    verdicts = _verdicts(docs)
+
+    def word(m: re.Match) -> str:
+        try:
+            want = verdict_word(m.group(1), verdicts)
+        except ValueError as e:
+            raise ValueError(f"line {text[:m.start()].count(chr(10)) + 1}: {e}") from None
+        return f"<!-- verdict: {m.group(1)} -->{want}<!-- /verdict -->"
+
+    return VERDICT_SPAN.sub(word, text)
+
+
 def render(block: Block, docs: Path) -> str:
     return render_table(block.spec, docs) if block.kind == "table" else render_figure(block.spec, docs)
 
@@ -196,6 +253,7 @@ def differences(page: Path) -> list[str]:
             source = table_source(b.spec) if b.kind == "table" else figure_parts(b.spec)[0]
             out.append(f"{page}:{where}: the {b.kind} from {source} differs from the page\n"
                        f"--- page\n{have}--- expected\n{want}")
+    out += [f"{page}:{line}: {message}" for line, message in span_problems(text, docs)]
     return out
 
 
@@ -423,10 +481,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"copied {path}")
     if args.write:
         text = args.page.read_text()
-        new = update(text, args.page.parent)
+        try:
+            new = update_spans(update(text, args.page.parent), args.page.parent)
+        except ValueError as e:  # nothing written: the page stays as it was
+            print(f"findings_tables: {args.page}: {e}", file=sys.stderr)
+            return 2
         if new != text:
             args.page.write_text(new)
-        print(f"{args.page}: {len(blocks(new))} blocks up to date")
+        print(f"{args.page}: {len(blocks(new))} blocks and {len(VERDICT_SPAN.findall(new))} verdict words up to date")
         return 0
     diffs = differences(args.page)
     for d in diffs:

@@ -241,7 +241,7 @@ def test_kept_run_records_resume_a_study_in_another_session(tmp_path: Path) -> N
 
 # ------------------------------------------------------------------------------------------------ verdicts
 
-VERDICT_WORD = re.compile(r"\b(not reproduced|reproduced|contradicted|undecided)\b", re.I)
+VERDICT_WORD = re.compile(r"\b(not reproduced|reproduced|contradicted|undecided|not decided|none decided)\b", re.I)
 HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)[. ]")
 BULLET = re.compile(r"^- \*\*(\d+\.\d+) ")
 
@@ -320,20 +320,40 @@ def _prose_by_section(text: str) -> list[tuple[str, str]]:
 
 
 def _bad_verdict_words(text: str) -> list[str]:
-    by_section: dict[str, set[str]] = {}
-    for r in _verdict_rows():
-        by_section.setdefault(r["section"], set()).add(r["verdict"])
-    bad = []
-    for section, line in _prose_by_section(text):
-        for word in VERDICT_WORD.findall(line):
-            if word.lower() not in by_section.get(section, set()):
-                bad.append(f"{section}: {word!r} in {line[:100]!r}")
-    return bad
+    """Each verdict word of the prose outside a generated ``<!-- verdict: ID -->`` span (a word typed by hand)."""
+    spans = _tables().VERDICT_SPAN
+    return [f"{section}: {word!r} in {line[:100]!r}" for section, line in _prose_by_section(text)
+            for word in VERDICT_WORD.findall(spans.sub("", line))]
 
 
-def test_every_verdict_word_on_the_page_is_its_sections_row() -> None:
-    """A verdict word in a section's prose must be the verdict of one of that section's rows of verdicts.csv."""
-    assert _bad_verdict_words(PAGE.read_text()) == []
+def test_every_verdict_word_on_the_page_is_generated_from_its_claims_row() -> None:
+    """No verdict is typed by hand: every verdict word of the prose sits in a span the tool fills from verdicts.csv
+    (test_every_table_matches_its_csv checks each span holds its claims' verdict), so a claim whose q crosses 0.05
+    as the family grows changes its sentence too."""
+    text = PAGE.read_text()
+    assert _bad_verdict_words(text) == []
+    assert len(_tables().VERDICT_SPAN.findall(text)) >= 40
+
+
+def test_a_verdict_span_holds_its_claims_verdict_and_fails_when_they_part(tmp_path: Path) -> None:
+    t = _tables()
+    (tmp_path / "results").mkdir()
+    _write_csv(tmp_path / "results" / "verdicts.csv", [{"id": "a", "verdict": "reproduced"},
+                                                       {"id": "b", "verdict": "undecided"},
+                                                       {"id": "c", "verdict": "undecided"}])
+    page = tmp_path / "findings.md"
+    page.write_text("A is <!-- verdict: a -->undecided<!-- /verdict -->; B and C are "
+                    "<!-- verdict: b,c -->undecided<!-- /verdict -->.\n")
+    (diff,) = t.differences(page)
+    assert "the verdict of a is 'reproduced', the page says 'undecided'" in diff
+    assert t.main([str(page), "--write"]) == 0 and t.differences(page) == []
+    assert "A is <!-- verdict: a -->reproduced<!-- /verdict -->" in page.read_text()
+    page.write_text("B and C are <!-- verdict: b,a -->undecided<!-- /verdict -->; D <!-- verdict: d -->x<!-- /verdict -->\n")
+    before = page.read_text()
+    problems = t.differences(page)
+    assert "no longer share a verdict (b undecided; a reproduced): rewrite the sentence" in problems[0]
+    assert "no claim d in verdicts.csv" in problems[1]
+    assert t.main([str(page), "--write"]) == 2 and page.read_text() == before  # nothing half-written
 
 
 QUOTED_Q = re.compile(r"\bq (?:= ?)?(?:0\.\d+|1)\b")
