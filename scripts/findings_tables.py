@@ -18,9 +18,9 @@ Each figure follows ``<!-- figure: findings_NAME.png from STUDY/FILE.png | ALT T
 ``docs/figures/`` and where it comes from in the study folder). A verdict word in the prose is generated too, from
 ``results/verdicts.csv``: ``<!-- verdict: ID[,ID ...] -->undecided<!-- /verdict -->`` holds the verdict of the
 claims named (one word for several claims only while they share it; when they part, the check names the sentence
-to rewrite), so a verdict that moves as the family grows moves in the sentence as well. Until its CSV or image exists, the line after a
-marker says "Not yet run". A column whose values are all numbers is right-aligned; a cell with an empty or NaN
-value reads ``n/a``.
+to rewrite), so a verdict that moves as the family grows moves in the sentence as well. Until its CSV or image
+exists, the line after a marker says "Not yet run". A column whose values are all numbers is right-aligned; a cell
+with an empty or NaN value reads ``n/a``.
 
     python scripts/findings_tables.py docs/findings.md                    # check: exit 1 and the differences
     python scripts/findings_tables.py docs/findings.md --write            # rewrite every table and figure line

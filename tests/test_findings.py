@@ -348,7 +348,8 @@ def test_a_verdict_span_holds_its_claims_verdict_and_fails_when_they_part(tmp_pa
     assert "the verdict of a is 'reproduced', the page says 'undecided'" in diff
     assert t.main([str(page), "--write"]) == 0 and t.differences(page) == []
     assert "A is <!-- verdict: a -->reproduced<!-- /verdict -->" in page.read_text()
-    page.write_text("B and C are <!-- verdict: b,a -->undecided<!-- /verdict -->; D <!-- verdict: d -->x<!-- /verdict -->\n")
+    page.write_text("B and C are <!-- verdict: b,a -->undecided<!-- /verdict -->; "
+                    "D <!-- verdict: d -->x<!-- /verdict -->\n")
     before = page.read_text()
     problems = t.differences(page)
     assert "no longer share a verdict (b undecided; a reproduced): rewrite the sentence" in problems[0]

@@ -59,13 +59,17 @@ def test_similarity_of_a_one_block_model_read_back_from_json_draws(tmp_path):
 
 def test_accuracy_figure_draws_the_median_line_and_every_seed(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Given the runs, the line is the median over seeds (not the mean an outlying seed drags) and each seed is a dot."""
+    """Given the runs, the line is the median over seeds (not the mean one outlying seed drags); each seed a dot."""
     import matplotlib.axes
 
     lines, dots = [], []
     real_plot, real_scatter = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.scatter
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
-                        lambda self, x, y, *a, **k: (lines.append((list(x), list(y))), real_plot(self, x, y, *a, **k))[1])
+
+    def plot(self, x, y, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        lines.append((list(x), list(y)))
+        return real_plot(self, x, y, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
     monkeypatch.setattr(matplotlib.axes.Axes, "scatter",
                         lambda self, x, y, *a, **k: (dots.extend(y), real_scatter(self, x, y, *a, **k))[1])
     runs = [{"variant": "vit", "depth": d, "seed": s, "test_acc": acc}

@@ -322,7 +322,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         *warning_section(rows, ("variant", "depth", "seed"), warning),
         Section("Accuracy against depth", f"{lines}. Final test accuracy after the same recipe (no epoch or depth "
                 "is chosen on the test set; with --val-split the validation columns choose): the line is the median "
-                "over seeds and each dot one seed; summary.csv has the median, mean and standard deviation.", ["accuracy_vs_depth.png"], ["summary.csv"]),
+                "over seeds and each dot one seed; summary.csv has the median, mean and standard deviation.",
+                ["accuracy_vs_depth.png"], ["summary.csv"]),
         Section("Attention collapse", "Mean cosine similarity between the attention maps of different "
                 "self-attention layers (Zhou et al. 2021, DeepViT: same head, same key token, compared over "
                 f"queries), and the share of layers that have at least one other layer above {threshold:g}. Rising "

@@ -1,6 +1,6 @@
 """The figures of a depth study (:mod:`vitlab.experiments.depth_study`): values against depth per variant (mean +-
-std over seeds; test accuracy as the median with every seed drawn), residual ratios per block, similar blocks per layer, the cross-layer similarity heatmaps and the
-probes against depth and per epoch."""
+std over seeds; test accuracy as the median with every seed drawn), residual ratios per block, similar blocks per
+layer, the cross-layer similarity heatmaps and the probes against depth and per epoch."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
     +- std over seeds, or, given the per-run ``runs``, the median over seeds with every seed drawn as a dot beside
     it (a figure then shows the spread itself, and one lucky seed does not move the line)."""
     import statistics
+
     from vitlab.plots.figure import new_figure, save
 
     cols = min(3, len(panels))  # more than three panels wrap onto further rows
