@@ -18,7 +18,8 @@ Each figure follows ``<!-- figure: findings_NAME.png from STUDY/FILE.png | ALT T
 ``docs/figures/`` and where it comes from in the study folder). A verdict word in the prose is generated too, from
 ``results/verdicts.csv``: ``<!-- verdict: ID[,ID ...] -->undecided<!-- /verdict -->`` holds the verdict of the
 claims named (one word for several claims only while they share it; when they part, the check names the sentence
-to rewrite), so a verdict that moves as the family grows moves in the sentence as well. Until its CSV or image
+to rewrite), so a verdict that moves as the family grows moves in the sentence as well; ``<!-- family -->10 decided
+of 59<!-- /family -->`` holds the family's size and its decided claims. Until its CSV or image
 exists, the line after a marker says "Not yet run". A column whose values are all numbers is right-aligned; a cell
 with an empty or NaN value reads ``n/a``.
 
@@ -59,6 +60,7 @@ from pathlib import Path
 
 MARKER = re.compile(r"<!-- (table|figure): (.*?)-->\n", re.S)
 VERDICT_SPAN = re.compile(r"<!-- verdict: ([^>]*?) -->(.*?)<!-- /verdict -->")
+FAMILY_SPAN = re.compile(r"<!-- family -->(.*?)<!-- /family -->")
 VERDICTS = ("results/verdicts.csv", "docs/results/verdicts.csv")  # from docs/findings.md, from README.md
 FIELD = re.compile(r"\{(\w+)(?:([*/])([0-9.eE+-]+))?(?::([^}]*))?\}")
 NA = "n/a"
@@ -177,13 +179,25 @@ def render_figure(spec: str, docs: Path) -> str:
     return f"![{alt}](figures/{name})\n"
 
 
-def _verdicts(docs: Path) -> dict[str, str]:
-    """``{claim id: verdict}`` of the verdicts CSV beside the page (empty when there is none)."""
+def _verdict_rows(docs: Path) -> list[dict[str, str]]:
+    """The rows of the verdicts CSV beside the page (none when there is none)."""
     for rel in VERDICTS:
         if (docs / rel).is_file():
             with (docs / rel).open(newline="") as f:
-                return {r["id"]: r["verdict"] for r in csv.DictReader(f)}
-    return {}
+                return list(csv.DictReader(f))
+    return []
+
+
+def _verdicts(docs: Path) -> dict[str, str]:
+    """``{claim id: verdict}`` of the verdicts CSV beside the page (empty when there is none)."""
+    return {r["id"]: r["verdict"] for r in _verdict_rows(docs)}
+
+
+def family_words(docs: Path) -> str:
+    """What a ``<!-- family -->`` span holds: "R decided of M", the family's size (the claims with a q-value) and
+    how many of them are decided, as the verdicts CSV has them now."""
+    tested = [r for r in _verdict_rows(docs) if r.get("q", "") not in ("", "nan")]
+    return f"{sum(r['verdict'] != 'undecided' for r in tested)} decided of {len(tested)}"
 
 
 def verdict_word(ids: str, verdicts: dict[str, str]) -> str:
@@ -212,6 +226,10 @@ def span_problems(text: str, docs: Path) -> list[tuple[int, str]]:
             continue
         if m.group(2) != want:
             out.append((line, f"the verdict of {m.group(1)} is {want!r}, the page says {m.group(2)!r}"))
+    family = family_words(docs)
+    for m in FAMILY_SPAN.finditer(text):
+        if m.group(1) != family:
+            out.append((text[:m.start()].count("\n") + 1, f"the family is {family!r}, the page says {m.group(1)!r}"))
     return out
 
 
@@ -226,7 +244,8 @@ def update_spans(text: str, docs: Path) -> str:
             raise ValueError(f"line {text[:m.start()].count(chr(10)) + 1}: {e}") from None
         return f"<!-- verdict: {m.group(1)} -->{want}<!-- /verdict -->"
 
-    return VERDICT_SPAN.sub(word, text)
+    family = family_words(docs)
+    return FAMILY_SPAN.sub(lambda _m: f"<!-- family -->{family}<!-- /family -->", VERDICT_SPAN.sub(word, text))
 
 
 def render(block: Block, docs: Path) -> str:

@@ -355,6 +355,13 @@ def test_a_verdict_span_holds_its_claims_verdict_and_fails_when_they_part(tmp_pa
     assert "no longer share a verdict (b undecided; a reproduced): rewrite the sentence" in problems[0]
     assert "no claim d in verdicts.csv" in problems[1]
     assert t.main([str(page), "--write"]) == 2 and page.read_text() == before  # nothing half-written
+    page.write_text("The family: <!-- family -->1 decided of 1<!-- /family -->.\n")
+    (diff,) = t.differences(page)
+    assert "the family is '0 decided of 0', the page says '1 decided of 1'" in diff  # no q column: none tested
+    (tmp_path / "results" / "verdicts.csv").write_text("id,q,verdict\na,0.01,reproduced\nb,0.2,undecided\n"
+                                                       "c,,pending\n")
+    assert t.main([str(page), "--write"]) == 0
+    assert page.read_text() == "The family: <!-- family -->1 decided of 2<!-- /family -->.\n"
 
 
 QUOTED_Q = re.compile(r"\bq (?:= ?)?(?:0\.\d+|1)\b")
@@ -369,7 +376,7 @@ def test_prose_quotes_no_q_value_and_the_familys_size_is_the_csvs() -> None:
     intro = text[:text.index("\n## ")]
     tested = [r for r in _verdict_rows() if r["q"] not in ("", "nan")]
     decided = sum(r["verdict"] != "undecided" for r in tested)
-    assert f"family now: {decided} decided of {len(tested)}," in intro.replace("\n", " ")
+    assert f"family now: <!-- family -->{decided} decided of {len(tested)}<!-- /family -->," in intro.replace("\n", " ")
     assert QUOTED_Q.search("interval -1.33 to +2.20, q 0.49)") and not QUOTED_Q.search("a q-value, q-values")
 
 
