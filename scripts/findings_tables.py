@@ -188,15 +188,10 @@ def _verdict_rows(docs: Path) -> list[dict[str, str]]:
     return []
 
 
-def _verdicts(docs: Path) -> dict[str, str]:
-    """``{claim id: verdict}`` of the verdicts CSV beside the page (empty when there is none)."""
-    return {r["id"]: r["verdict"] for r in _verdict_rows(docs)}
-
-
-def family_words(docs: Path) -> str:
+def family_words(rows: list[dict[str, str]]) -> str:
     """What a ``<!-- family -->`` span holds: "R decided of M", the family's size (the claims with a q-value) and
-    how many of them are decided, as the verdicts CSV has them now."""
-    tested = [r for r in _verdict_rows(docs) if r.get("q", "") not in ("", "nan")]
+    how many of them are decided, from the verdicts CSV's ``rows``."""
+    tested = [r for r in rows if r.get("q", "") not in ("", "nan")]
     return f"{sum(r['verdict'] != 'undecided' for r in tested)} decided of {len(tested)}"
 
 
@@ -214,38 +209,47 @@ def verdict_word(ids: str, verdicts: dict[str, str]) -> str:
     return words.pop()
 
 
-def span_problems(text: str, docs: Path) -> list[tuple[int, str]]:
-    """``(line, message)`` for every verdict span of ``text`` whose word is not its claims' verdict."""
-    verdicts, out = _verdicts(docs), []
+@dataclass
+class Span:
+    """A generated span of the prose: where it is, what it should hold, and what is wrong with it (if anything)."""
+
+    match: re.Match
+    line: int
+    want: str | None
+    problem: str | None
+
+
+def spans(text: str, docs: Path) -> list[Span]:
+    """Every verdict and family span of ``text`` with what the verdicts CSV beside the page says it should hold."""
+    rows = _verdict_rows(docs)
+    verdicts, family = {r["id"]: r["verdict"] for r in rows}, family_words(rows)
+    out = []
     for m in VERDICT_SPAN.finditer(text):
-        line = text[:m.start()].count("\n") + 1
         try:
-            want = verdict_word(m.group(1), verdicts)
+            want, problem = verdict_word(m.group(1), verdicts), None
         except ValueError as e:
-            out.append((line, str(e)))
-            continue
-        if m.group(2) != want:
-            out.append((line, f"the verdict of {m.group(1)} is {want!r}, the page says {m.group(2)!r}"))
-    family = family_words(docs)
+            want, problem = None, str(e)
+        if want is not None and m.group(2) != want:
+            problem = f"the verdict of {m.group(1)} is {want!r}, the page says {m.group(2)!r}"
+        out.append(Span(m, text[:m.start()].count("\n") + 1, want, problem))
     for m in FAMILY_SPAN.finditer(text):
-        if m.group(1) != family:
-            out.append((text[:m.start()].count("\n") + 1, f"the family is {family!r}, the page says {m.group(1)!r}"))
+        problem = None if m.group(1) == family else f"the family is {family!r}, the page says {m.group(1)!r}"
+        out.append(Span(m, text[:m.start()].count("\n") + 1, family, problem))
     return out
 
 
 def update_spans(text: str, docs: Path) -> str:
-    """``text`` with every verdict span holding its claims' verdict; ValueError names a span that cannot."""
-    verdicts = _verdicts(docs)
-
-    def word(m: re.Match) -> str:
-        try:
-            want = verdict_word(m.group(1), verdicts)
-        except ValueError as e:
-            raise ValueError(f"line {text[:m.start()].count(chr(10)) + 1}: {e}") from None
-        return f"<!-- verdict: {m.group(1)} -->{want}<!-- /verdict -->"
-
-    family = family_words(docs)
-    return FAMILY_SPAN.sub(lambda _m: f"<!-- family -->{family}<!-- /family -->", VERDICT_SPAN.sub(word, text))
+    """``text`` with every span holding what it should; ValueError names a span that cannot hold one word."""
+    found = spans(text, docs)
+    for s in found:
+        if s.want is None:
+            raise ValueError(f"line {s.line}: {s.problem}")
+    pieces, last = [], 0
+    for s in sorted(found, key=lambda s: s.match.start()):
+        start, end = s.match.span(s.match.re.groups)  # the span's inner text: its last group
+        pieces += [text[last:start], s.want]
+        last = end
+    return "".join(pieces) + text[last:]
 
 
 def render(block: Block, docs: Path) -> str:
@@ -272,7 +276,7 @@ def differences(page: Path) -> list[str]:
             source = table_source(b.spec) if b.kind == "table" else figure_parts(b.spec)[0]
             out.append(f"{page}:{where}: the {b.kind} from {source} differs from the page\n"
                        f"--- page\n{have}--- expected\n{want}")
-    out += [f"{page}:{line}: {message}" for line, message in span_problems(text, docs)]
+    out += [f"{page}:{s.line}: {s.problem}" for s in spans(text, docs) if s.problem]
     return out
 
 
