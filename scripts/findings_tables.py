@@ -373,10 +373,10 @@ def _write_csv(dst: Path, fields: list[str], rows: list[dict]) -> None:
     tmp.replace(dst)
 
 
-BY_WIDTH_COLUMNS = ("n", "test_acc_mean", "test_acc_std", "mean_similarity_mean", "mean_similarity_std",
-                    "similar_fraction_mean", "mean_similar_blocks_mean", "mean_similarity_pre_mix_mean",
-                    "mean_similarity_pre_mix_std", "similar_fraction_pre_mix_mean", "mean_similar_blocks_pre_mix_mean",
-                    "attn_entropy_mean", "undertrained", "diverged")
+BY_WIDTH_COLUMNS = ("n", "test_acc_median", "test_acc_mean", "test_acc_std", "mean_similarity_mean",
+                    "mean_similarity_std", "similar_fraction_mean", "mean_similar_blocks_mean",
+                    "mean_similarity_pre_mix_mean", "mean_similarity_pre_mix_std", "similar_fraction_pre_mix_mean",
+                    "mean_similar_blocks_pre_mix_mean", "attn_entropy_mean", "undertrained", "diverged")
 
 
 def _finite(value: str) -> float | None:
@@ -405,6 +405,12 @@ def by_width(out: Path, sources: list[tuple[Path, int]]) -> list[dict[str, str]]
     return rows
 
 
+def _accuracy(row: dict[str, str]) -> float:
+    """A joined row's test accuracy over seeds: the median, or the mean in a summary written before medians."""
+    median = _finite(row.get("test_acc_median", ""))
+    return median if median is not None else float(row["test_acc_mean"])
+
+
 def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
     from vitlab.plots.figure import new_figure, save
 
@@ -426,7 +432,7 @@ def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
                              label=f"{variant}{label}, width {width}")
                 if not label:
                     mine_w = [r for r in rows if r["variant"] == variant and int(r["embed_dim"]) == width]
-                    pts = sorted((int(r["depth"]), 100 * float(r["test_acc_mean"])) for r in mine_w)
+                    pts = sorted((int(r["depth"]), 100 * _accuracy(r)) for r in mine_w)
                     acc.plot(*zip(*pts), styles[width], marker="o", color=colour, label=f"{variant}, width {width}")
                     pts = sorted((int(r["depth"]), _finite(r.get("attn_entropy_mean", ""))) for r in mine_w
                                  if _finite(r.get("attn_entropy_mean", "")) is not None)
@@ -438,7 +444,7 @@ def _draw_by_width(rows: list[dict[str, str]], png: Path) -> None:
             title="attention similarity against depth and width")
     ent.set(xlabel="depth (blocks)", ylabel="normalised entropy (1 = uniform)", ylim=(0, 1.05),
             title="entropy of the softmax maps (before any mix)")
-    acc.set(xlabel="depth (blocks)", ylabel="test accuracy (%)", title="accuracy (mean over seeds)")
+    acc.set(xlabel="depth (blocks)", ylabel="test accuracy (%)", title="accuracy (median over seeds)")
     for ax in (sim, ent, acc):
         ax.set_xticks(sorted({int(r["depth"]) for r in rows}))
         if ax.get_legend_handles_labels()[0]:  # the entropy panel is empty for older studies

@@ -341,6 +341,11 @@ def test_sweep_tables_and_figure_numbers(tmp_path: Path):
     assert series[0].x == [16, 32]
     assert series[0].acc_mean == pytest.approx([0.6, 0.9]) and series[0].acc_std == pytest.approx([0.1, 0.1])
     assert series[1].acc_mean == pytest.approx([0.6, 0.75]) and series[1].acc_std == pytest.approx([0.0, 0.05])
+    with_seeds = figure_series(aggregate_rows(result["rows"], params), params[0], params, result["rows"])
+    assert with_seeds[0].acc_seeds == [pytest.approx([0.5, 0.6, 0.7]), pytest.approx([0.8, 0.9, 1.0])]
+    assert with_seeds[1].acc_seeds == [pytest.approx([0.6] * 3), pytest.approx([0.7, 0.75, 0.8])]
+    assert with_seeds[1].acc_median == pytest.approx([0.6, 0.75]) and with_seeds[0].time_median == [2.0, 2.0]
+    assert series[0].acc_seeds == []  # no per-run rows given: the figure falls back to mean +- std
     by_depth = figure_series(aggregate_rows(result["rows"], params), params[1], params)
     assert [s.label for s in by_depth] == ["embed_dim=16", "embed_dim=32"] and by_depth[1].x == [1, 2]
     for name in ("sweep_embed_dim.png", "sweep_depth.png", "index.html", "summary.json"):

@@ -153,6 +153,7 @@ def test_residual_cv(tmp_path: Path) -> None:
 def test_by_width_joins_like_for_like(tmp_path: Path, capsys) -> None:
     def summary(path: Path, variants: tuple[str, ...], sim: float) -> Path:
         _write_csv(path, [{"variant": v, "depth": d, "n": 2, "test_acc_mean": 0.97, "test_acc_std": 0.01,
+                           **({"test_acc_median": 0.96 + d / 1000} if sim < 0.35 else {}),
                            "mean_similarity_mean": sim + d / 100, "mean_similarity_std": 0.0,
                            "mean_similarity_pre_mix_mean": "nan" if v == "vit" else 0.95}
                           for v in variants for d in (12, 6)])
@@ -173,6 +174,9 @@ def test_by_width_joins_like_for_like(tmp_path: Path, capsys) -> None:
         ("vit", "64", "6"), ("vit", "64", "12"), ("vit", "128", "6"), ("vit", "128", "12"),
         ("deepvit", "64", "6"), ("deepvit", "64", "12"), ("deepvit", "128", "6"), ("deepvit", "128", "12")]
     assert float(rows[3]["mean_similarity_mean"]) == pytest.approx(0.42)
+    # the median over seeds is carried where the study wrote it (width 128 here), and drawn in preference to the mean
+    assert [r["test_acc_median"] for r in rows[:4]] == ["", "", "0.966", "0.972"]
+    assert [t._accuracy(r) for r in rows[:4]] == pytest.approx([0.97, 0.97, 0.966, 0.972])
     assert out.with_suffix(".png").stat().st_size > 0 and not list(out.parent.glob("*.tmp*"))
     assert t.main([str(page), "--by-width", str(out), f"{narrow}=64", str(tmp_path / "missing.csv") + "=128"]) == 2
     assert "missing.csv not found" in capsys.readouterr().err

@@ -79,3 +79,39 @@ def test_accuracy_figure_draws_the_median_line_and_every_seed(tmp_path: Path,
     assert lines == [([2, 4], [pytest.approx(80.0), pytest.approx(86.0)])]
     assert sorted(dots) == pytest.approx(sorted(100 * r["test_acc"] for r in runs))
     assert (tmp_path / "a.png").stat().st_size > 0
+
+
+def test_sweep_figure_draws_the_median_line_and_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's figure, given each point's seeds, draws the median over seeds as the line (an outlying seed moves
+    the mean, not the line) and each seed as a dot; the time panel its median; without seeds, mean +- std."""
+    import matplotlib.axes
+
+    from vitlab.experiments.sweep import Series, SweepParam
+    from vitlab.plots.study import plot_param
+
+    lines, dots, bars = [], [], []
+    real_plot, real_scatter, real_errorbar = (matplotlib.axes.Axes.plot, matplotlib.axes.Axes.scatter,
+                                              matplotlib.axes.Axes.errorbar)
+
+    def plot(self, x, y, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        lines.append((list(x), list(y)))
+        return real_plot(self, x, y, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter",
+                        lambda self, x, y, *a, **k: (dots.extend(y), real_scatter(self, x, y, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, *a, **k: (bars.append(list(y)), real_errorbar(self, x, y, *a, **k))[1])
+    param = SweepParam("depth", "model", [2, 4])
+    seeds = [[0.80, 0.82, 0.10], [0.85, 0.86, 0.87]]
+    s = Series("", [2, 4], [0.573, 0.86], [0.4, 0.01], [10.0, 20.0], [1.0, 1.0], acc_median=[0.80, 0.86],
+               acc_seeds=seeds, time_median=[9.0, 19.0])
+    plot_param([s], param, ["2", "4"], tmp_path / "s.png", "t")
+    assert lines == [([2.0, 4.0], [pytest.approx(80.0), pytest.approx(86.0)]), ([2.0, 4.0], [9.0, 19.0])]
+    assert sorted(dots) == pytest.approx(sorted(100 * a for xs in seeds for a in xs)) and not bars
+    lines.clear()
+    dots.clear()
+    plot_param([Series("", [2, 4], [0.573, 0.86], [0.4, 0.01], [10.0, 20.0], [1.0, 1.0])], param, ["2", "4"],
+               tmp_path / "m.png", "t")
+    assert bars == [pytest.approx([57.3, 86.0]), [10.0, 20.0]] and not dots
+    assert (tmp_path / "s.png").stat().st_size > 0 and (tmp_path / "m.png").stat().st_size > 0

@@ -158,7 +158,9 @@ def aggregate_rows(rows: list[dict[str, Any]], params: list[SweepParam]) -> list
 
 @dataclass
 class Series:
-    """One line of a sweep figure: the other parameters' values, and x / mean / std per value of the swept one."""
+    """One line of a sweep figure: the other parameters' values, and per value of the swept one its x, the test
+    accuracy's mean / std / median over seeds and every seed's accuracy (``acc_seeds``, empty when the per-run rows
+    were not given), and the training time's mean / std / median."""
 
     label: str
     x: list[Any]
@@ -166,28 +168,39 @@ class Series:
     acc_std: list[float]
     time_mean: list[float]
     time_std: list[float]
+    acc_median: list[float] = field(default_factory=list)
+    acc_seeds: list[list[float]] = field(default_factory=list)
+    time_median: list[float] = field(default_factory=list)
 
 
-def figure_series(agg: list[dict[str, Any]], param: SweepParam, params: list[SweepParam]) -> list[Series]:
-    """The lines of ``param``'s figure: one per combination of the other parameters, x in ``param.values`` order."""
+def figure_series(agg: list[dict[str, Any]], param: SweepParam, params: list[SweepParam],
+                  rows: list[dict[str, Any]] | None = None) -> list[Series]:
+    """The lines of ``param``'s figure: one per combination of the other parameters, x in ``param.values`` order;
+    given the per-run ``rows`` (:func:`result_rows`), each point also carries its seeds' finite test accuracies."""
     others = [p for p in params if p.name != param.name]
     out = []
     for combo in itertools.product(*(p.values for p in others)):
         fixed = {p.name: format_value(v) for p, v in zip(others, combo)}
         label = ", ".join(f"{k}={v}" for k, v in fixed.items())
-        xs, am, ast, tm, ts = [], [], [], [], []
+        series = Series(label, [], [], [], [], [])
         for v in param.values:
-            match = [a for a in agg if a[param.name] == format_value(v) and all(a[k] == fv for k, fv in fixed.items())]
+            cell = {**fixed, param.name: format_value(v)}
+            match = [a for a in agg if all(a[k] == fv for k, fv in cell.items())]
             if not match:
                 continue
             a = match[0]
-            xs.append(v)
-            am.append(a["test_acc_mean"])
-            ast.append(a["test_acc_std"])
-            tm.append(a["train_time_s_mean"])
-            ts.append(a["train_time_s_std"])
-        if xs:
-            out.append(Series(label, xs, am, ast, tm, ts))
+            series.x.append(v)
+            series.acc_mean.append(a["test_acc_mean"])
+            series.acc_std.append(a["test_acc_std"])
+            series.time_mean.append(a["train_time_s_mean"])
+            series.time_std.append(a["train_time_s_std"])
+            series.acc_median.append(a.get("test_acc_median", a["test_acc_mean"]))
+            series.time_median.append(a.get("train_time_s_median", a["train_time_s_mean"]))
+            if rows is not None:
+                accs = [float(r["test_acc"]) for r in rows if all(format_value(r[k]) == fv for k, fv in cell.items())]
+                series.acc_seeds.append([x for x in accs if math.isfinite(x)])
+        if series.x:
+            out.append(series)
     return out
 
 
@@ -219,7 +232,7 @@ def write_sweep(out: Path, pairs: list[tuple[RunSpec, dict]], params: list[Sweep
     figures = []
     for p in params:
         name = f"sweep_{safe_name(p.name)}.png"
-        plot_param(figure_series(agg, p, params), p, [format_value(v) for v in p.values], out / name,
+        plot_param(figure_series(agg, p, params, rows), p, [format_value(v) for v in p.values], out / name,
                    f"{title}: {p.name}")
         figures.append(name)
     text = summary_text(agg, params)

@@ -11,22 +11,39 @@ from vitlab.plots.figure import new_figure, save
 
 
 def plot_param(series: list[Any], param: Any, labels: list[str], path: str | Path, title: str) -> Path:
-    """A sweep's figure: test accuracy (mean +- std over seeds, %) and training time (s) against ``param``'s values
-    (a :class:`~vitlab.experiments.sweep.SweepParam`; ``labels``: each value as the tables write it), one line per
-    :class:`~vitlab.experiments.sweep.Series`."""
+    """A sweep's figure: test accuracy (%) and training time (s) against ``param``'s values (a
+    :class:`~vitlab.experiments.sweep.SweepParam`; ``labels``: each value as the tables write it), one line per
+    :class:`~vitlab.experiments.sweep.Series`. A series that carries its seeds (``acc_seeds``) is drawn as the median
+    over seeds with every seed a dot beside it, so one lucky or failed seed neither moves the line nor hides; one
+    without them as the mean +- std."""
     fig = new_figure(10.0, 3.8)
     ax_acc, ax_time = fig.subplots(1, 2)
     numeric = param.numeric
-    for s in series:
+    by_seed = bool(series) and all(s.acc_seeds for s in series)
+    if numeric:  # the spacing of neighbouring values on a linear axis, which the seeds' dots are shifted by
+        vals = sorted(float(v) for v in param.values)
+        step = (vals[-1] - vals[0]) / (len(vals) - 1) if len(vals) > 1 and vals[-1] > vals[0] else 1.0
+    else:
+        step = 1.0
+    for j, s in enumerate(series):
         x = [float(v) for v in s.x] if numeric else [param.values.index(v) for v in s.x]
         label = s.label or None
-        ax_acc.errorbar(x, [100 * m for m in s.acc_mean], yerr=[100 * d for d in s.acc_std], marker="o",
-                        capsize=4, label=label)
-        ax_time.errorbar(x, s.time_mean, yerr=s.time_std, marker="o", capsize=4, label=label)
+        if not by_seed:
+            ax_acc.errorbar(x, [100 * m for m in s.acc_mean], yerr=[100 * d for d in s.acc_std], marker="o",
+                            capsize=4, label=label)
+            ax_time.errorbar(x, s.time_mean, yerr=s.time_std, marker="o", capsize=4, label=label)
+            continue
+        line = ax_acc.plot(x, [100 * m for m in s.acc_median], marker="o", label=label)[0]
+        offset = 0.04 * (j - (len(series) - 1) / 2)  # lines' dots side by side, not on top of each other
+        for xi, accs in zip(x, s.acc_seeds):
+            at = xi * 2 ** offset if numeric and _log_axis(param) else xi + offset * step
+            ax_acc.scatter([at] * len(accs), [100 * a for a in accs], s=14, alpha=0.5, color=line.get_color(),
+                           linewidths=0)
+        ax_time.plot(x, s.time_median, marker="o", label=label, color=line.get_color())
     for ax, ylabel in ((ax_acc, "test accuracy (%)"), (ax_time, "training time (s)")):
         if numeric:
             vals = [float(v) for v in param.values]
-            if min(vals) > 0 and max(vals) / min(vals) >= 8:
+            if _log_axis(param):
                 ax.set_xscale("log", base=2)
             ax.set_xticks(vals, labels)
             ax.minorticks_off()
@@ -37,10 +54,17 @@ def plot_param(series: list[Any], param: Any, labels: list[str], path: str | Pat
         ax.grid(True, alpha=0.3)
         if any(s.label for s in series):
             ax.legend(fontsize=8)
-    ax_acc.set_title("test accuracy, mean +- std over seeds")
-    ax_time.set_title("training time, mean +- std over seeds")
+    spread = "median over seeds, a dot per seed" if by_seed else "mean +- std over seeds"
+    ax_acc.set_title(f"test accuracy, {spread}")
+    ax_time.set_title("training time, median over seeds" if by_seed else "training time, mean +- std over seeds")
     fig.suptitle(title)
     return save(fig, path)
+
+
+def _log_axis(param: Any) -> bool:
+    """Whether a numeric sweep's x axis is drawn on a log-2 scale: positive values spanning 8x or more."""
+    vals = [float(v) for v in param.values]
+    return min(vals) > 0 and max(vals) / min(vals) >= 8
 
 
 def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Path:
