@@ -339,6 +339,22 @@ def test_every_verdict_word_on_the_page_is_generated_from_its_claims_row() -> No
     assert len(_tables().VERDICT_SPAN.findall(text)) >= 40
 
 
+def _typed_family_sizes(text: str) -> list[str]:
+    """Each "family of N" (or "N claims in the family") typed outside the generated family span."""
+    import re
+
+    outside = _tables().FAMILY_SPAN.sub("", text)
+    return re.findall(r"family of \d+|\d+ claims in the family", outside)
+
+
+def test_the_family_size_is_never_typed_by_hand() -> None:
+    """The family grows as claims are decided, so a size typed in the prose goes stale (section 2.1 said "a family
+    of 55" at 63): the page states it only in the generated family span."""
+    for page in (PAGE, PAGE.parents[1] / "README.md"):
+        assert _typed_family_sizes(page.read_text()) == [], page
+    assert _typed_family_sizes("decided by 3 seeds in a family of 55.") == ["family of 55"]
+
+
 def test_a_verdict_span_holds_its_claims_verdict_and_fails_when_they_part(tmp_path: Path) -> None:
     t = _tables()
     (tmp_path / "results").mkdir()
