@@ -6,6 +6,8 @@
 #   bash scripts/depth_budget.sh            # all phases, two worker processes of one thread each
 #   WORKERS=1 bash scripts/depth_budget.sh  # one worker (leaves a core free for other work)
 #   PHASES="2:6,12 3" bash scripts/depth_budget.sh   # some phases; PHASE:DEPTHS limits phase 1, 2 or 3 to depths
+#   PHASES="1:24:vit,qknorm 2:24:vit,qknorm" ...     # PHASE:DEPTHS:ARMS limits phase 1 or 2 to some arms too; the
+#                                           # phase's tables are then rewritten from every cell finished so far
 #   DRY_RUN=1 bash scripts/depth_budget.sh  # each command's --dry-run: the runs it would train, nothing written;
 #                                           # a phase that needs runs not finished yet says so and the next is planned
 #   FULL=1 DEVICE=cuda WORKERS=4 OUT=runs/findings_full bash scripts/depth_budget.sh   # the GPU's second table
@@ -20,15 +22,17 @@
 # the arm with the best phase-2 validation accuracy there (scripts/verdicts.py best_arm; never the test set);
 # 5 Wortsman et al.'s claims: the grid at seeds 0-2 for the plain ViT and QK-layernorm at 6 and 24 blocks (seed 0
 # copied from phase 1). The default order runs phases 1 and 2 to 12 blocks first, so the shallow cells' verdicts come
-# before the 24-block grid's hours; each cell's rate is its own grid's either way. Data: `apt-get install
-# dataset-fashion-mnist`.
+# before the 24-block grid's hours; then at 24 blocks two arms at a time, grid then seeds (the ViT and QK-layernorm,
+# then LayerScale and CaiT, then DeepViT), so the first 24-block verdicts wait for two arms' runs, not for all five
+# grids; each cell's rate is its own grid's either way. Data: `apt-get install dataset-fashion-mnist`.
 {  # read whole before it runs: a `git pull` while the study runs cannot change the running script
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=${D:-/usr/share/datasets/fashion-mnist}
 OUT=${OUT:-runs/findings}
 WORKERS=${WORKERS:-2}
-PHASES=${PHASES:-1:6,12 2:6,12 1:6,12,24 2:6,12,24 3 4 5}
+PHASES=${PHASES:-1:6,12 2:6,12 1:24:vit,qknorm 2:24:vit,qknorm 1:24:layerscale,cait 2:24:layerscale,cait \
+1:6,12,24 2:6,12,24 3 4 5}
 PYTHON=${PYTHON:-python}
 VITLAB=(${VITLAB:-$PYTHON -m vitlab})
 ARMS=vit,qknorm,layerscale,cait,deepvit
@@ -51,17 +55,27 @@ step() {  # one command of a phase; a dry run goes on past a phase whose inputs 
   fi
 }
 
+ALL=(--depths 6,12,24 --variants $ARMS --finished-only)  # a phase's whole table, from the cells finished so far
 for item in $PHASES; do
-  phase=${item%%:*}
-  depths=6,12,24
-  [ "$item" != "$phase" ] && depths=${item#*:}
+  IFS=: read -r phase depths arms extra <<< "$item"
+  depths=${depths:-6,12,24}
+  if [ -n "$extra" ] || { [ -n "$arms" ] && [ "$phase" != 1 ] && [ "$phase" != 2 ]; }; then
+    echo "depth_budget.sh: $item: only phases 1 and 2 take arms (PHASE:DEPTHS:ARMS, e.g. 1:24:vit,qknorm)" >&2
+    exit 2
+  fi
   case $phase in
   1)  # each invocation with more depths adds them to the same folder; finished runs are read back
-    step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$depths" --variants $ARMS "${RATES[@]}" --seeds 1 \
-        --output "$GRID" ;;
+    step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$depths" --variants "${arms:-$ARMS}" "${RATES[@]}" \
+        --seeds 1 --output "$GRID"
+    if [ -n "$arms" ] && [ -z "${DRY_RUN:-}" ]; then
+      step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" "${ALL[@]}" "${RATES[@]}" --seeds 1 --output "$GRID"
+    fi ;;
   2)
-    step "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths "$depths" --variants $ARMS --seeds 5 --lr-from "$GRID" \
-        --output "$OUT/depth_budget" ;;
+    step "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths "$depths" --variants "${arms:-$ARMS}" --seeds 5 \
+        --lr-from "$GRID" --output "$OUT/depth_budget"
+    if [ -n "$arms" ] && [ -z "${DRY_RUN:-}" ]; then
+      step "${VITLAB[@]}" depth-study "${COMMON[@]}" "${ALL[@]}" --seeds 5 --lr-from "$GRID" --output "$OUT/depth_budget"
+    fi ;;
   3)
     step "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths "$depths" --variants qknorm,layerscale,cait,deepvit \
         --seeds 5 --lr-from "$GRID" --lr-of vit --reuse "$OUT/depth_budget" --output "$OUT/depth_budget_same_rate" ;;
@@ -95,7 +109,8 @@ print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
       echo "depth_budget.sh: dry run: phase 5 copies phase 1's seed-0 runs of these cells ($found there now) before" \
            "it trains; the plan above counts those not copied yet as runs to train" >&2
     fi ;;
-  *) echo "depth_budget.sh: unknown phase $item; choose from 1 2 3 4 5 (1-3 may name depths: 2:6,12)" >&2
+  *) echo "depth_budget.sh: unknown phase $item; choose from 1 2 3 4 5 (1-3 may name depths: 2:6,12; 1-2 arms too:" \
+          "1:24:vit,qknorm)" >&2
      exit 2 ;;
   esac
 done

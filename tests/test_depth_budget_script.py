@@ -49,17 +49,27 @@ def test_every_phase_is_a_command_the_cli_accepts_with_the_designs_settings(tmp_
         assert (args.epochs, args.limit_train, args.val_split, args.threads, args.workers) == (50, 15000, 0.33334, 1,
                                                                                                 2), argv
         assert args.dataset == "fashion-mnist" and "stratify=true" in args.run_set, argv
-    commands = [(a[0], _option(a, "--depths"), _option(a, "--output")) for a in calls]
+    commands = [(a[0], _option(a, "--depths"), _option(a, "--variants"), "--finished-only" in a,
+                 _option(a, "--output")) for a in calls]
     grid, out = str(tmp_path / "runs" / "depth_budget_grid"), str(tmp_path / "runs")
-    assert commands == [  # phases 1 and 2 to 12 blocks first, then to 24
-        ("lr-sensitivity", "6,12", grid), ("depth-study", "6,12", f"{out}/depth_budget"),
-        ("lr-sensitivity", "6,12,24", grid), ("depth-study", "6,12,24", f"{out}/depth_budget"),
-        ("depth-study", "6,12,24", f"{out}/depth_budget_same_rate"),
-        ("depth-study", "24", f"{out}/depth_budget_dp_uniform"), ("depth-study", "24", f"{out}/depth_budget_dp_linear"),
-        ("lr-sensitivity", "6,24", f"{out}/depth_budget_wortsman")]
-    for argv in [calls[0], calls[2], calls[-1]]:
+    budget, arms = f"{out}/depth_budget", "vit,qknorm,layerscale,cait,deepvit"
+    assert commands == [  # phases 1 and 2 to 12 blocks first, then at 24 two arms at a time, grid then seeds, each
+        # followed by the phase's whole table rewritten from the cells finished so far (nothing trained)
+        ("lr-sensitivity", "6,12", arms, False, grid), ("depth-study", "6,12", arms, False, budget),
+        ("lr-sensitivity", "24", "vit,qknorm", False, grid), ("lr-sensitivity", "6,12,24", arms, True, grid),
+        ("depth-study", "24", "vit,qknorm", False, budget), ("depth-study", "6,12,24", arms, True, budget),
+        ("lr-sensitivity", "24", "layerscale,cait", False, grid), ("lr-sensitivity", "6,12,24", arms, True, grid),
+        ("depth-study", "24", "layerscale,cait", False, budget), ("depth-study", "6,12,24", arms, True, budget),
+        ("lr-sensitivity", "6,12,24", arms, False, grid), ("depth-study", "6,12,24", arms, False, budget),
+        ("depth-study", "6,12,24", "qknorm,layerscale,cait,deepvit", False, f"{out}/depth_budget_same_rate"),
+        ("depth-study", "24", "qknorm", False, f"{out}/depth_budget_dp_uniform"),
+        ("depth-study", "24", "qknorm", False, f"{out}/depth_budget_dp_linear"),
+        ("lr-sensitivity", "6,24", "vit,qknorm", False, f"{out}/depth_budget_wortsman")]
+    for argv in [a for a in calls if a[0] == "lr-sensitivity"]:
         assert _option(argv, "--lrs") == "5e-4,1e-3,2e-3,4e-3,8e-3" and _option(argv, "--bracket") == "3", argv
-    assert _option(calls[3], "--seeds") == "5" and _option(calls[3], "--lr-from") == grid
+    for argv in [a for a in calls if _option(a, "--output") == budget]:
+        assert _option(argv, "--seeds") == "5" and _option(argv, "--lr-from") == grid, argv
+    calls = calls[8:]  # from here as before: calls[4] is phase 3, calls[5:7] phase 4, calls[-1] phase 5
     assert _option(calls[4], "--lr-of") == "vit" and _option(calls[4], "--reuse") == f"{out}/depth_budget"
     assert "vit" not in _option(calls[4], "--variants").split(",")  # the ViT's own runs are phase 2's
     # phase 4: the arm with the best validation accuracy at 24 blocks (qknorm here; cait has the best test accuracy)
@@ -94,6 +104,16 @@ def test_phase_5_starts_from_phase_1s_seed_0_runs(tmp_path, dry):
 def test_an_unknown_phase_is_refused(tmp_path):
     done, calls = _run(tmp_path, "6")
     assert done.returncode == 2 and calls == [] and "unknown phase 6" in done.stderr
+    for item in ("3:24:vit", "1:24:vit:x"):
+        done, calls = _run(tmp_path, item)
+        assert done.returncode == 2 and calls == [] and "only phases 1 and 2 take arms" in done.stderr, item
+
+
+def test_a_phase_may_name_its_arms_and_a_dry_run_rewrites_nothing(tmp_path):
+    done, calls = _run(tmp_path, "2:24:cait", DRY_RUN="1")
+    assert done.returncode == 0, done.stderr
+    assert [(a[0], _option(a, "--depths"), _option(a, "--variants")) for a in calls] == [("depth-study", "24", "cait")]
+    assert "--dry-run" in calls[0] and "--finished-only" not in calls[0]
 
 
 def test_a_phase_may_name_its_depths(tmp_path):

@@ -73,3 +73,38 @@ def test_lr_and_lr_from_together_are_refused(tmp_path, capsys):
     lr = _sensitivity(tmp_path / "lr", [("vit", 1, 1e-3, "0.1"), ("layerscale", 1, 5e-3, "0.2")])
     assert "--lr or --lr-from" in cli_error(capsys, _argv(tmp_path, "--lr-from", str(lr), "--lr", "1e-3"))
     assert not (tmp_path / "d").exists()
+
+
+def test_a_cell_may_train_while_another_cells_grid_still_runs(tmp_path, capsys):
+    """The rate x depth study trains phase 2 of the cells whose grids have finished while the others' grids run:
+    a row whose grid has not finished is refused only when its cell is wanted; --finished-only wants none, and leaves
+    out (naming them) the cells it has no rate for, so the whole table can be rewritten between the cells."""
+    from vitlab.experiments.depth_study import DepthStudyConfig, depth_run_specs
+
+    grid = _sensitivity(tmp_path / "lr", [("vit", 1, 1e-3, "0.1"), ("vit", 2, 3e-3, "0.2"),
+                                          ("layerscale", 2, 1e-2, "")])  # layerscale's grid at 2 still running
+    with pytest.raises(ConfigError, match="layerscale at depth 2 has not finished every learning rate"):
+        best_rates(grid)
+    assert best_rates(grid, {("vit", 1), ("vit", 2)}) == {("vit", 1): 1e-3, ("vit", 2): 3e-3}
+    with pytest.raises(ConfigError, match="layerscale at depth 2 has not finished every learning rate"):
+        best_rates(grid, {("vit", 2), ("layerscale", 2)})
+    assert best_rates(grid, set()) == {("vit", 1): 1e-3, ("vit", 2): 3e-3}
+
+    def config(variants, depths, **kw):
+        return DepthStudyConfig("vit_mnist", depths, variants, RunConfig(epochs=1), tmp_path / "d", seeds=2,
+                                lr_from=str(grid), **kw)
+
+    specs = depth_run_specs(config(["vit"], [1, 2]))  # only the ViT wanted: trains at its rates
+    assert sorted((s.info["variant"], s.info["depth"], s.config.lr) for s in specs if s.info["seed"] == 0) == [
+        ("vit", 1, 1e-3), ("vit", 2, 3e-3)]
+    with pytest.raises(ConfigError, match="layerscale at depth 2 has not finished"):
+        depth_run_specs(config(["vit", "layerscale"], [2]))
+    capsys.readouterr()
+    specs = depth_run_specs(config(["vit", "layerscale"], [1, 2], finished_only=True))
+    assert sorted({(s.info["variant"], s.info["depth"]) for s in specs}) == [("vit", 1), ("vit", 2)]
+    assert ("--finished-only leaves out layerscale at depth 1, layerscale at depth 2: --lr-from"
+            in capsys.readouterr().err)
+    unrated: list[str] = []
+    assert depth_specs("vit_mnist", [1], ["deepvit", "vit"], [0], RunConfig(epochs=1), rates={("vit", 1): 1e-3},
+                       unrated=unrated)[0].info["variant"] == "vit"
+    assert unrated == ["deepvit at depth 1"]

@@ -136,10 +136,11 @@ def variant_model(variant: str, base: str, depth: int) -> tuple[str, dict[str, A
 
 def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: list[int], cfg: Any,
                 shared: dict[str, Any] | None = None,
-                rates: dict[tuple[str, int], float] | None = None) -> list[RunSpec]:
+                rates: dict[tuple[str, int], float] | None = None, unrated: list[str] | None = None) -> list[RunSpec]:
     """One run per variant, depth and seed (seed-major, deepest first), all with the recipe of ``cfg`` and the model
     options ``shared`` (which must not touch what the variants set: depth, gate, attn, init_values...); ``rates``:
-    each variant and depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.rates.best_rates`)."""
+    each variant and depth at its own learning rate (``--lr-from``, :func:`vitlab.experiments.rates.best_rates`).
+    A cell ``rates`` has no rate for is an error, or, given the list ``unrated``, left out and named in it."""
     from vitlab.models import get_config
 
     specs = []
@@ -154,6 +155,9 @@ def depth_specs(base_model: str, depths: list[int], variants: list[str], seeds: 
             get_config(preset, **overrides)
             run_options = dict(VARIANT_RUN.get(variant, {}))
             if rates is not None:
+                if (variant, depth) not in rates and unrated is not None:
+                    unrated.append(f"{variant} at depth {depth}")
+                    continue
                 if (variant, depth) not in rates:
                     raise ConfigError(f"--lr-from has no learning rate for {variant} at depth {depth}; run the "
                                       "learning-rate study at that variant and depth, or leave them out")
@@ -419,7 +423,10 @@ def study_rates(config: DepthStudyConfig) -> dict[tuple[str, int], float] | None
 
     if config.run.lr is not None:
         raise ConfigError("give --lr or --lr-from, not both: --lr-from sets each variant's rate")
-    rates = best_rates(config.lr_from)
+    # only the cells this study trains must have finished their grid (none with --finished-only, which leaves out a
+    # cell without a rate): the grid's other cells may still be running
+    wanted = {(config.lr_of or v, d) for v in config.variants for d in config.depths}
+    rates = best_rates(config.lr_from, set() if config.finished_only else wanted)
     if config.lr_of is None:
         return rates
     missing = [d for d in sorted(config.depths) if (config.lr_of, d) not in rates]
@@ -512,8 +519,16 @@ def depth_run_specs(config: DepthStudyConfig) -> list[RunSpec]:
     cfg = config.run
     if config.probe_images and not cfg.probe_images:
         cfg = cfg.replace(probe_images=config.probe_images)
+    # --finished-only reads back what has finished: a cell whose rate --lr-from has not settled yet has no run to
+    # read, so it is left out (named), which lets a study that runs cell by cell rewrite its whole table in between
+    unrated: list[str] | None = [] if config.finished_only else None
     specs = depth_specs(config.base, sorted(config.depths), config.variants, list(range(config.seeds)), cfg,
-                        config.shared, study_rates(config))
+                        config.shared, study_rates(config), unrated)
+    if unrated:
+        import sys
+
+        print(f"depth study: --finished-only leaves out {', '.join(unrated)}: --lr-from {config.lr_from} has no "
+              "rate for them yet (their learning-rate grid has not finished)", file=sys.stderr, flush=True)
     if config.lr_from and Path(config.lr_from).is_dir() and not config.finished_only:
         specs = reuse_grid(specs, Path(config.lr_from).expanduser(), Path(config.output).expanduser())
     if config.reuse and not config.finished_only:

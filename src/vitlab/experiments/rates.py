@@ -15,9 +15,12 @@ COLUMNS = ("variant", "depth", "best_lr", "lr_sensitivity")
 FIX = "pass the sensitivity.csv a finished `vitlab lr-sensitivity` study wrote (its folder or the file)"
 
 
-def best_rates(path: str | Path) -> dict[tuple[str, int], float]:
+def best_rates(path: str | Path, cells: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], float]:
     """``{(variant, depth): best learning rate}`` from a study's ``sensitivity.csv`` (or the study folder holding it),
-    for training each variant at each depth at its own rate (``vitlab depth-study --lr-from``).
+    for training each variant at each depth at its own rate (``vitlab depth-study --lr-from``). Given ``cells``, the
+    (variant, depth) pairs the caller will train, a row of another cell whose grid has not finished yet is left out
+    instead of refused (and its edge warning not printed), so a study can train the cells whose grids have finished
+    while the others' still run; an empty set requires none.
 
     Every row is checked before anything runs, each refusal one :class:`ConfigError` line naming ``--lr-from FILE``
     and the line: a row whose sensitivity is empty (a rate of the grid not finished yet: its best rate is not the
@@ -61,6 +64,8 @@ def best_rates(path: str | Path) -> dict[tuple[str, int], float]:
             sens = float(r["lr_sensitivity"] or "nan")
         except ValueError:
             raise ConfigError(f"{at}: lr_sensitivity {r['lr_sensitivity'][:40]!r} is not a number; {FIX}") from None
+        if not math.isfinite(sens) and cells is not None and key not in cells:
+            continue  # another cell's grid, still running: not this study's concern
         if not math.isfinite(sens):
             raise ConfigError(f"{at}: {variant} at depth {depth} has not finished every learning rate of its grid, so "
                               f"its best rate is not the grid's; finish that study first")
@@ -73,7 +78,7 @@ def best_rates(path: str | Path) -> dict[tuple[str, int], float]:
                               f"rate a run can train at (a number in {interval}: {why}); rerun that study, or correct "
                               f"the row")
         out[key] = lr
-        if (r.get("bracketed") or "").strip().lower() == "false":
+        if (r.get("bracketed") or "").strip().lower() == "false" and (cells is None or key in cells):
             edges.append(f"vitlab: {at}: {variant} at depth {depth}: best rate {lr:g} is on the edge of its grid; "
                          f"the optimum may lie beyond it: rerun the lr-sensitivity study with --bracket 2")
     for warning in edges:  # once every row is accepted: a refused file prints its refusal alone
