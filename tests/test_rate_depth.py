@@ -102,6 +102,23 @@ def test_a_where_line_keeps_pending_rows_out_with_two_conditions_on_one_column(t
     assert tables.render_table(spec, tmp_path).splitlines()[2:] == ["| y |"]
 
 
+def test_the_grid_table_lists_only_cells_whose_grid_has_finished(tmp_path):
+    """While a cell's grid still runs, `vitlab lr-sensitivity` writes its row with a NaN sensitivity and a best rate
+    over the rates finished so far; the page's phase-1 table leaves that row out until the cell's curve is whole."""
+    tables = load_script("findings_tables")
+    page = (Path(__file__).resolve().parents[1] / "docs" / "findings.md").read_text()
+    (spec,) = [b.spec for b in tables.blocks(page) if b.spec.startswith("results/depth_budget_grid/sensitivity.csv")]
+    grid = tmp_path / "results" / "depth_budget_grid"
+    grid.mkdir(parents=True)
+    (grid / "sensitivity.csv").write_text(
+        "variant,depth,lrs,lr_low,lr_high,runs,best_lr,bracketed,best_val_loss,best_val_acc,test_acc_at_best_lr,"
+        "lr_sensitivity,divergence_rate,max_logit\n"
+        "vit,12,5,0.0005,0.008,5,0.001,True,0.444,0.86,0.85,0.031,0.0,968.5\n"
+        "vit,24,4,0.0005,0.004,4,0.001,True,0.434,0.87,0.86,nan,0.0,224.0\n")
+    rows = tables.render_table(spec, tmp_path).splitlines()[2:]
+    assert len(rows) == 1 and rows[0].startswith("| vit | 12 |")
+
+
 # ------------------------------------------------------------------------------------------------ the best arm
 
 
