@@ -825,3 +825,11 @@ def test_compare_command_with_a_fine_tuned_timm_model(tmp_path: Path):
     vit = create_model("vit_mnist", depth=1)
     assert int(rows[0]["matmul_macs"]) == vit.flop_count(matmul_only=True)
     assert (out / "compare.png").stat().st_size > 0 and "compare.png" in (out / "index.html").read_text()
+    assert [float(r["test_acc_median"]) for r in rows] == [float(r["test_acc"]) for r in rows]  # one seed each
+    # the weights a finished fine-tuned run started from are not committed with its record: --finished-only reads
+    # the runs back (and rewrites the tables) without them; training still needs them
+    (tmp_path / "src.pth").unlink()
+    before = read_rows(out / "results.csv")
+    assert main([*argv, "--finished-only"]) == 0
+    assert read_rows(out / "results.csv") == before
+    assert main(argv) == 2

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     for m in models:
         if not m.startswith("timm:"):
             get_config(m, **sets[m])
-    items = entries(models, sets, parse_pretrained(args.pretrained, models))
+    # --finished-only reads back finished runs and trains none: the weights they started from need not be there
+    items = entries(models, sets, parse_pretrained(args.pretrained, models, check=not args.finished_only))
     config = CompareConfig(items, **study_fields(args), seeds=args.seeds, logger=args.logger, models=models)
     return run_study_command(args, config, plan=compare_run_specs, train=run_compare, report=report_lines,
                              title="compare")

@@ -90,8 +90,9 @@ def parse_model_sets(items: list[str] | None, models: list[str]) -> dict[str, di
     return out
 
 
-def parse_pretrained(items: list[str] | None, models: list[str]) -> list[tuple[str, str]]:
-    """``(model, path)`` pairs: ``NAME=PATH`` by name, other values by position (``-`` skips that model)."""
+def parse_pretrained(items: list[str] | None, models: list[str], check: bool = True) -> list[tuple[str, str]]:
+    """``(model, path)`` pairs: ``NAME=PATH`` by name, other values by position (``-`` skips that model); each
+    path must exist (``hub``: the hub be reachable) unless ``check`` is False (``--finished-only`` trains nothing)."""
     pairs = []
     position = 0
     for item in items or ():
@@ -105,7 +106,7 @@ def parse_pretrained(items: list[str] | None, models: list[str]) -> list[tuple[s
         if item.strip().lower() not in SKIP:
             pairs.append((models[position], item))
         position += 1
-    for model, path in pairs:
+    for model, path in pairs if check else ():  # --finished-only trains nothing, so it needs no weights
         check_weights(model, path)
     return pairs
 
@@ -202,7 +203,7 @@ def aggregate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, command: str,
                   meta: dict[str, Any]) -> dict[str, Any]:
-    """results.csv (one row per run), summary.csv (mean and std over seeds), compare.png, index.html."""
+    """results.csv (one row per run), summary.csv (mean, std and median over seeds), compare.png, index.html."""
     import json
 
     from vitlab.plots.study import plot_compare
@@ -212,10 +213,11 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
     agg = aggregate_rows(rows)
     write_csv(out / "results.csv", rows)
     table = [{"model": a["label"], "start": a["start"], "test_acc": a["test_acc_mean"],
-              "test_acc_std": a["test_acc_std"],
+              "test_acc_std": a["test_acc_std"], "test_acc_median": a["test_acc_median"],
               **({c: a[f"{c}_mean"] for c in VALIDATION} if "val_acc_mean" in a else {}),
               "seeds": a["n"], "params": a["params"], "macs": a["macs"],
               "matmul_macs": a["matmul_macs"], "train_time_s": a["train_time_s_mean"],
+              "train_time_s_median": a["train_time_s_median"],
               "wall_time_s": a["wall_time_s_mean"], "undertrained": a["undertrained"],
               "diverged": a["diverged"], **({"failed": a["failed"]} if "failed" in a else {})} for a in agg]
     write_csv(out / "summary.csv", table)
