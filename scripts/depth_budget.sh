@@ -6,8 +6,9 @@
 #   bash scripts/depth_budget.sh            # all phases, two worker processes of one thread each
 #   WORKERS=1 bash scripts/depth_budget.sh  # one worker (leaves a core free for other work)
 #   PHASES="2:6,12 3" bash scripts/depth_budget.sh   # some phases; PHASE:DEPTHS limits phase 1, 2 or 3 to depths
-#   PHASES="1:24:vit,qknorm 2:24:vit,qknorm" ...     # PHASE:DEPTHS:ARMS limits phase 1 or 2 to some arms too; the
-#                                           # phase's tables are then rewritten from every cell finished so far
+#   PHASES="1:24:vit,qknorm 2:24:vit,qknorm" ...     # PHASE:DEPTHS:ARMS limits phase 1 or 2 to some arms too;
+#                                           # after a phase 1 or 2 step over some cells, the phase's tables are
+#                                           # rewritten from every cell finished so far (--finished-only)
 #   DRY_RUN=1 bash scripts/depth_budget.sh  # each command's --dry-run: the runs it would train, nothing written;
 #                                           # a phase that needs runs not finished yet says so and the next is planned
 #   FULL=1 DEVICE=cuda WORKERS=4 OUT=runs/findings_full bash scripts/depth_budget.sh   # the GPU's second table
@@ -59,6 +60,8 @@ ALL=(--depths 6,12,24 --variants $ARMS --finished-only)  # a phase's whole table
 for item in $PHASES; do
   IFS=: read -r phase depths arms extra <<< "$item"
   depths=${depths:-6,12,24}
+  part=  # a phase 1 or 2 step over some cells rewrites its folder's tables with those cells only: then rewrite them all
+  { [ -n "$arms" ] || [ "$depths" != 6,12,24 ]; } && part=1
   if [ -n "$extra" ] || { [ -n "$arms" ] && [ "$phase" != 1 ] && [ "$phase" != 2 ]; }; then
     echo "depth_budget.sh: $item: only phases 1 and 2 take arms (PHASE:DEPTHS:ARMS, e.g. 1:24:vit,qknorm)" >&2
     exit 2
@@ -67,13 +70,13 @@ for item in $PHASES; do
   1)  # each invocation with more depths adds them to the same folder; finished runs are read back
     step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$depths" --variants "${arms:-$ARMS}" "${RATES[@]}" \
         --seeds 1 --output "$GRID"
-    if [ -n "$arms" ] && [ -z "${DRY_RUN:-}" ]; then
+    if [ -n "$part" ] && [ -z "${DRY_RUN:-}" ]; then
       step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" "${ALL[@]}" "${RATES[@]}" --seeds 1 --output "$GRID"
     fi ;;
   2)
     step "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths "$depths" --variants "${arms:-$ARMS}" --seeds 5 \
         --lr-from "$GRID" --output "$OUT/depth_budget"
-    if [ -n "$arms" ] && [ -z "${DRY_RUN:-}" ]; then
+    if [ -n "$part" ] && [ -z "${DRY_RUN:-}" ]; then
       step "${VITLAB[@]}" depth-study "${COMMON[@]}" "${ALL[@]}" --seeds 5 --lr-from "$GRID" --output "$OUT/depth_budget"
     fi ;;
   3)

@@ -55,7 +55,8 @@ def test_every_phase_is_a_command_the_cli_accepts_with_the_designs_settings(tmp_
     budget, arms = f"{out}/depth_budget", "vit,qknorm,layerscale,cait,deepvit"
     assert commands == [  # phases 1 and 2 to 12 blocks first, then at 24 two arms at a time, grid then seeds, each
         # followed by the phase's whole table rewritten from the cells finished so far (nothing trained)
-        ("lr-sensitivity", "6,12", arms, False, grid), ("depth-study", "6,12", arms, False, budget),
+        ("lr-sensitivity", "6,12", arms, False, grid), ("lr-sensitivity", "6,12,24", arms, True, grid),
+        ("depth-study", "6,12", arms, False, budget), ("depth-study", "6,12,24", arms, True, budget),
         ("lr-sensitivity", "24", "vit,qknorm", False, grid), ("lr-sensitivity", "6,12,24", arms, True, grid),
         ("depth-study", "24", "vit,qknorm", False, budget), ("depth-study", "6,12,24", arms, True, budget),
         ("lr-sensitivity", "24", "layerscale,cait", False, grid), ("lr-sensitivity", "6,12,24", arms, True, grid),
@@ -69,7 +70,7 @@ def test_every_phase_is_a_command_the_cli_accepts_with_the_designs_settings(tmp_
         assert _option(argv, "--lrs") == "5e-4,1e-3,2e-3,4e-3,8e-3" and _option(argv, "--bracket") == "3", argv
     for argv in [a for a in calls if _option(a, "--output") == budget]:
         assert _option(argv, "--seeds") == "5" and _option(argv, "--lr-from") == grid, argv
-    calls = calls[8:]  # from here as before: calls[4] is phase 3, calls[5:7] phase 4, calls[-1] phase 5
+    calls = calls[10:]  # from here as before: calls[4] is phase 3, calls[5:7] phase 4, calls[-1] phase 5
     assert _option(calls[4], "--lr-of") == "vit" and _option(calls[4], "--reuse") == f"{out}/depth_budget"
     assert "vit" not in _option(calls[4], "--variants").split(",")  # the ViT's own runs are phase 2's
     # phase 4: the arm with the best validation accuracy at 24 blocks (qknorm here; cait has the best test accuracy)
@@ -117,9 +118,11 @@ def test_a_phase_may_name_its_arms_and_a_dry_run_rewrites_nothing(tmp_path):
 
 
 def test_a_phase_may_name_its_depths(tmp_path):
-    done, calls = _run(tmp_path, "2:6 3:12,24")
+    done, calls = _run(tmp_path, "2:6 3:12,24 2")
     assert done.returncode == 0, done.stderr
-    assert [(a[0], _option(a, "--depths")) for a in calls] == [("depth-study", "6"), ("depth-study", "12,24")]
+    assert [(a[0], _option(a, "--depths"), "--finished-only" in a) for a in calls] == [
+        ("depth-study", "6", False), ("depth-study", "6,12,24", True),  # phase 2's table rewritten whole after it
+        ("depth-study", "12,24", False), ("depth-study", "6,12,24", False)]
 
 
 def test_the_full_training_set_on_a_gpu_and_extra_options(tmp_path):
@@ -171,5 +174,5 @@ def test_the_script_is_read_whole_so_a_pull_while_it_runs_cannot_change_it(tmp_p
     done = subprocess.run(["bash", str(copy)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "replaced" not in done.stdout
-    assert [json.loads(line)[0] for line in log.read_text().splitlines()] == ["lr-sensitivity", "depth-study",
-                                                                                "depth-study"]
+    assert [json.loads(line)[0] for line in log.read_text().splitlines()] == [
+        "lr-sensitivity", "lr-sensitivity", "depth-study", "depth-study", "depth-study"]  # 1:6 and 2:6 each rewrite
