@@ -833,3 +833,17 @@ def test_compare_command_with_a_fine_tuned_timm_model(tmp_path: Path):
     assert main([*argv, "--finished-only"]) == 0
     assert read_rows(out / "results.csv") == before
     assert main(argv) == 2
+
+
+def test_compare_prints_the_median_over_seeds():
+    """The line `vitlab compare` prints per row quotes the median over seeds (an outlying seed moves the mean, not
+    the headline), says so when there is more than one seed, and the median training time."""
+    from vitlab.commands.compare import report_lines
+
+    row = {"model": "vit_mnist (scratch)", "start": "scratch", "test_acc": 0.60, "test_acc_median": 0.85,
+           "train_time_s": 50.0, "train_time_s_median": 40.0, "params": 404_000, "macs": 7e6, "matmul_macs": 7e6,
+           "seeds": 3, "undertrained": False, "diverged": 0}
+    line = report_lines({"summary": [row], "warning": None, "out": "o"})[0]
+    assert "test accuracy 85.00% (median of 3 seeds)" in line and "training 40.0 s" in line
+    line = report_lines({"summary": [{**row, "seeds": 1}], "warning": None, "out": "o"})[0]
+    assert "test accuracy 85.00%," in line and "median" not in line

@@ -115,3 +115,36 @@ def test_sweep_figure_draws_the_median_line_and_every_seed(tmp_path: Path, monke
                tmp_path / "m.png", "t")
     assert bars == [pytest.approx([57.3, 86.0]), [10.0, 20.0]] and not dots
     assert (tmp_path / "s.png").stat().st_size > 0 and (tmp_path / "m.png").stat().st_size > 0
+
+
+def test_compare_figure_draws_the_median_bar_and_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vitlab compare`'s figure, given the runs, draws each row's bar at the median over seeds (a failed or
+    outlying seed does not move it) and every finished seed as a dot on its own row; without them, mean +- std."""
+    import matplotlib.axes
+
+    from vitlab.plots.study import plot_compare
+
+    bars, dots = [], []
+    real_barh, real_scatter = matplotlib.axes.Axes.barh, matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh",
+                        lambda self, y, w, *a, **k: (bars.append((list(w), k.get("xerr"))),
+                                                     real_barh(self, y, w, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter",
+                        lambda self, x, y, *a, **k: (dots.append((list(x), list(y))),
+                                                     real_scatter(self, x, y, *a, **k))[1])
+    runs = [{"label": lab, "start": "scratch", "seed": s, "test_acc": acc, "train_time_s": t}
+            for lab, accs, t in (("a", (0.80, 0.82, 0.10), 10.0), ("b", (0.85, 0.86, float("nan")), 20.0))
+            for s, acc in enumerate(accs)]
+    agg = [{"label": lab, "start": "scratch", "test_acc_mean": 0.5, "test_acc_std": 0.1, "test_acc_median": med,
+            "train_time_s_mean": t, "train_time_s_std": 1.0, "train_time_s_median": t, "params": 1e6,
+            "macs": None, "matmul_macs": None} for lab, med, t in (("a", 0.80, 10.0), ("b", 0.855, 20.0))]
+    plot_compare(agg, tmp_path / "c.png", "t", runs)
+    assert bars[0] == ([pytest.approx(80.0), pytest.approx(85.5)], None) and bars[1] == ([10.0, 20.0], None)
+    # rows are drawn top to bottom: a at y = 1, b at y = 0; b's failed (NaN) seed has no dot
+    assert dots[0] == ([pytest.approx(80.0), pytest.approx(82.0), pytest.approx(10.0)], [1, 1, 1])
+    assert dots[1] == ([pytest.approx(85.0), pytest.approx(86.0)], [0, 0])
+    bars.clear()
+    dots.clear()
+    plot_compare(agg, tmp_path / "m.png", "t")
+    assert bars[0] == ([50.0, 50.0], [10.0, 10.0]) and not dots
+    assert (tmp_path / "c.png").stat().st_size > 0 and (tmp_path / "m.png").stat().st_size > 0

@@ -65,13 +65,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
-    """What ``vitlab compare`` prints of a finished comparison: a line per row, the warning, the files written."""
+    """What ``vitlab compare`` prints of a finished comparison: a line per row (medians over seeds), the warning, the
+    files written."""
     lines = []
     for t in result["summary"]:
         macs = t["matmul_macs"] if t["matmul_macs"] is not None else t["macs"]
-        lines.append(f"{t['model']:<45} test accuracy {100 * t['test_acc']:.2f}%, "
+        over = f" (median of {t['seeds']} seeds)" if t["seeds"] > 1 else ""
+        lines.append(f"{t['model']:<45} test accuracy {100 * t['test_acc_median']:.2f}%{over}, "
                      f"{(t['params'] or 0) / 1e6:.3f}M params, {(macs or 0) / 1e6:.1f} matmul MMACs, training "
-                     f"{t['train_time_s']:.1f} s ({t['start']})"
+                     f"{t['train_time_s_median']:.1f} s ({t['start']})"
                      + ("  [under-trained]" if t["undertrained"] else "")
                      + (f"  [diverged: {t['diverged']} of {t['seeds']} seeds]" if t.get("diverged") else "")
                      + (f"  [failed: {t['failed']} of {t['seeds']} seeds]" if t.get("failed") else ""))

@@ -221,18 +221,18 @@ def write_compare(out: Path, pairs: list[tuple[RunSpec, dict]], *, title: str, c
               "wall_time_s": a["wall_time_s_mean"], "undertrained": a["undertrained"],
               "diverged": a["diverged"], **({"failed": a["failed"]} if "failed" in a else {})} for a in agg]
     write_csv(out / "summary.csv", table)
-    plot_compare(agg, out / "compare.png", title)
+    plot_compare(agg, out / "compare.png", title, rows)
     first = pairs[0][0].config
     warning = undertrained_warning(rows, first.dataset, first.limit_train)
     write_json(out / "summary.json", {**meta, "results": table, "warning": warning})
-    text = "; ".join(f"{t['model']}: {100 * t['test_acc']:.2f}%" for t in table)
+    text = "; ".join(f"{t['model']}: {100 * t['test_acc_median']:.2f}%" for t in table)
     sections = [
         *warning_section(rows, ("label", "seed"), warning),
-        Section("Comparison", f"{text}. Final test accuracy after the same recipe (mean over seeds). macs is each "
-                "model's own count (vitlab: every multiply, timm: FlopCounterMode); matmul_macs counts the "
-                "matrix products of both the same way (FlopCounterMode FLOPs / 2), per image. Training time is "
-                "the time spent in training steps, on a machine that may be shared.", ["compare.png"],
-                ["summary.csv"]),
+        Section("Comparison", f"{text}. Final test accuracy after the same recipe, the median over seeds (the bars; "
+                "each seed is a dot; summary.csv also has the mean and sd). macs is each model's own count (vitlab: "
+                "every multiply, timm: FlopCounterMode); matmul_macs counts the matrix products of both the same way "
+                "(FlopCounterMode FLOPs / 2), per image. Training time is the time spent in training steps, on a "
+                "machine that may be shared.", ["compare.png"], ["summary.csv"]),
         Section("Every run", "Each run's folder holds its checkpoint, metrics.jsonl and summary.json.", [],
                 ["results.csv"]),
         Section("Settings", "", [], [[{"setting": k, "value": json.dumps(v) if not isinstance(v, str) else v}

@@ -67,19 +67,34 @@ def _log_axis(param: Any) -> bool:
     return min(vals) > 0 and max(vals) / min(vals) >= 8
 
 
-def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Path:
-    """Horizontal bars per row: test accuracy (mean +- std), training time, parameters."""
+def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str,
+                 rows: list[dict[str, Any]] | None = None) -> Path:
+    """Horizontal bars per row of the table: test accuracy, training time, parameters. With ``rows`` (one per run:
+    ``label``, ``start``, ``test_acc``, ``train_time_s``) each bar is the median over seeds and every seed a dot on
+    it, so one lucky or failed seed neither moves the bar nor hides; without them, the mean +- std."""
+    import math
+
     fig = new_figure(13.0, 0.6 * len(agg) + 1.8)
     axes = fig.subplots(1, 3, sharey=True)
     y = list(range(len(agg)))[::-1]
     labels = [a["label"] for a in agg]
+    by_seed = rows is not None
     panels = ((axes[0], "test_acc", 100.0, "test accuracy (%)", "{:.2f}"),
               (axes[1], "train_time_s", 1.0, "training time (s)", "{:.0f}"))
     for ax, key, scale, xlabel, fmt in panels:
-        means = [scale * a[f"{key}_mean"] for a in agg]
-        ax.barh(y, means, xerr=[scale * a[f"{key}_std"] for a in agg], color="#1f77b4", alpha=0.8, capsize=3)
-        for yi, m in zip(y, means):
-            ax.text(m, yi, " " + fmt.format(m), va="center", fontsize=8)
+        if by_seed:
+            centre = [scale * a[f"{key}_median"] for a in agg]
+            ax.barh(y, centre, color="#1f77b4", alpha=0.6)
+            for yi, a in zip(y, agg):
+                seeds = [scale * float(r[key]) for r in rows
+                         if (r["label"], r["start"]) == (a["label"], a["start"]) and r.get(key) is not None
+                         and not math.isnan(float(r[key]))]
+                ax.scatter(seeds, [yi] * len(seeds), s=16, color="#222222", alpha=0.7, linewidths=0, zorder=3)
+        else:
+            centre = [scale * a[f"{key}_mean"] for a in agg]
+            ax.barh(y, centre, xerr=[scale * a[f"{key}_std"] for a in agg], color="#1f77b4", alpha=0.8, capsize=3)
+        for yi, m in zip(y, centre):
+            ax.text(m, yi + (0.3 if by_seed else 0.0), " " + fmt.format(m), va="center", fontsize=8)
         ax.set_xlabel(xlabel)
         ax.grid(True, axis="x", alpha=0.3)
     params = [a["params"] / 1e6 for a in agg]
@@ -91,7 +106,12 @@ def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str) -> Pat
     axes[2].set_xlabel("parameters (M)")
     axes[2].grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(y, labels)
-    lo = min(100 * a["test_acc_mean"] for a in agg)
+    spread = "median over seeds, a dot per seed" if by_seed else "mean +- std over seeds"
+    axes[0].set_title(f"test accuracy, {spread}", fontsize=9)
+    axes[1].set_title(f"training time, {spread}", fontsize=9)
+    key = "test_acc_median" if by_seed else "test_acc_mean"
+    lo = min([100 * a[key] for a in agg] + [100 * float(r["test_acc"]) for r in rows or ()
+                                             if r.get("test_acc") is not None and not math.isnan(float(r["test_acc"]))])
     axes[0].set_xlim(0.0 if lo < 60 else lo - 10, 101)
     for ax in axes[1:]:
         ax.set_xlim(0, ax.get_xlim()[1] * 1.35)
