@@ -17,8 +17,9 @@
 # 0.08334, stratified) instead of the small-data draw; DEVICE=cuda runs on the GPU (--device cuda, no --threads);
 # EXTRA appends options to every command (the smoke test of scripts/gpu_study.sh shrinks the runs with it).
 #
-# Phases: 1 the rate grid (seed 0, 5 rates, --bracket 3 adds rates beyond an edge best); 2 five seeds at each cell's
-# best rate (seed 0 copied from the grid); 3 the same-rate control (each arm at the ViT's rate, the ViT's own runs and
+# Phases: 1 the rate grid (seed 0, 5 rates, --bracket 3 adds rates beyond an edge best; --diagnose writes each run's
+# diagnostics, so its record kept without weights can still be copied); 2 five seeds at each cell's best rate (seed 0
+# copied from the grid); 3 the same-rate control (each arm at the ViT's rate, the ViT's own runs and
 # those of an arm whose rate is the ViT's copied from phase 2); 4 drop-path 0.1, uniform and linear, at 24 blocks for
 # the arm with the best phase-2 validation accuracy there (scripts/verdicts.py best_arm; never the test set);
 # 5 Wortsman et al.'s claims: the grid at seeds 0-2 for the plain ViT and QK-layernorm at 6 and 24 blocks (seed 0
@@ -69,9 +70,9 @@ for item in $PHASES; do
   case $phase in
   1)  # each invocation with more depths adds them to the same folder; finished runs are read back
     step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$depths" --variants "${arms:-$ARMS}" "${RATES[@]}" \
-        --seeds 1 --output "$GRID"
+        --seeds 1 --diagnose --output "$GRID"
     if [ -n "$part" ] && [ -z "${DRY_RUN:-}" ]; then
-      step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" "${ALL[@]}" "${RATES[@]}" --seeds 1 --output "$GRID"
+      step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" "${ALL[@]}" "${RATES[@]}" --seeds 1 --diagnose --output "$GRID"
     fi ;;
   2)
     step "${VITLAB[@]}" depth-study "${COMMON[@]}" --depths "$depths" --variants "${arms:-$ARMS}" --seeds 5 \

@@ -328,3 +328,43 @@ def test_reuse_copies_another_depth_studys_run_of_the_same_name_and_settings(gri
     for bad, words in ((tmp_path / "nowhere", "no such folder"), (tmp_path / "same", "this study's own --output")):
         msg = cli_error(capsys, _argv(tmp_path / "same", "--lr-from", str(grid), "--reuse", str(bad)))
         assert words in msg, msg
+
+
+def test_a_grid_kept_without_weights_stands_in_when_lr_sensitivity_diagnosed_it(tmp_path, trained, capsys):
+    """`lr-sensitivity --diagnose` writes the depth study's diagnostics into each run, so the run's record, kept
+    without its weights (as committed study records are), is still copied in by `depth-study --lr-from` instead of
+    trained again; its diagnostics are read back from the record. A study with other diagnostics settings (another
+    --num-images) does not take it."""
+    import json
+
+    from vitlab.cli import main
+
+    grid = tmp_path / "grid"
+    assert main(["lr-sensitivity", "--depths", "2", "--variants", "vit", "--lrs", "1e-3,3e-3", "--epochs", "1",
+                 "--batch-size", "16", "--limit-train", "32", "--limit-test", "16", "--val-split", "0.25",
+                 "--probe-images", "8", "--set", "embed_dim=16", "--set", "num_heads=2", "--no-progress",
+                 "--diagnose", "--output", str(grid)]) == 0
+    runs = sorted(p for p in grid.iterdir() if (p / "summary.json").is_file())
+    assert len(runs) == 2 and all(json.loads((p / "diagnostics.json").read_text())["num_images"] == 64 for p in runs)
+    best = float(read_rows(grid / "sensitivity.csv")[0]["best_lr"])
+    for run in runs:  # what scripts/findings_tables.py --keep-runs commits: no weights, no optimizer state
+        for name in ("model.safetensors", "state.pt", "manifest.json"):
+            (run / name).unlink()
+    trained.clear()
+    capsys.readouterr()
+    argv = _argv(tmp_path / "other", "--lr-from", str(grid), "--seeds", "2", "--probe-images", "8", depths="2")
+    assert main([*argv, "--dry-run"]) == 0  # --num-images 4: not the diagnostics the record holds
+    assert "not reused" in capsys.readouterr().err
+    i = argv.index("--num-images")
+    del argv[i:i + 2]
+    out = tmp_path / "d"
+    argv[argv.index("--output") + 1] = str(out)
+    assert main(argv) == 0
+    assert trained == ["vit_depth2_seed1"]
+    assert f"vit_depth2_seed0: reused from {grid / grid_run_name('vit', 2, best, 0)}; test accuracy" in \
+        capsys.readouterr().err
+    rows = read_rows(out / "results.csv")
+    assert [r["run"] for r in rows] == ["vit_depth2_seed0", "vit_depth2_seed1"]
+    diag = json.loads((grid / grid_run_name("vit", 2, best, 0) / "diagnostics.json").read_text())
+    similarity = next(g for g in diag["collapse"] if g["group"] == "self_attention")["mean_similarity"]
+    assert float(rows[0]["mean_similarity"]) == pytest.approx(similarity)  # read back from the record

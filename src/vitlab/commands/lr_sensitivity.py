@@ -41,6 +41,11 @@ def register(subparsers: Any) -> None:
                         "(multiplied) by the grid's step there), until its best rate is interior or N rates were "
                         "added on that side (default 0: the grid alone). The sensitivity stays a mean over --lrs, "
                         "its minimum over every rate; the same command resumes")
+    p.add_argument("--diagnose", action="store_true",
+                   help="also write the depth study's diagnostics (attention collapse, residual ratios on 64 test "
+                        "images) into every finished run that has its weights, so that `vitlab depth-study "
+                        "--lr-from` can copy the run from its record once the weights are gone (records are kept "
+                        "without weights)")
     add_probe_images_option(p, "training images the per-layer attention logits are measured on after every epoch "
                                "(default 64)")
     add_set_option(p, "model option for every variant (repeatable), not one the variants set")
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--lrs: {text!r} is not a number; pass e.g. --lrs 3e-4,7e-4,2e-3,5e-3,1e-2") from None
     config = LRSensitivityConfig(args.base, parse_ints(args.depths, "--depths"), parse_variants(args.variants), lrs,
                                  **study_fields(args), seeds=args.seeds, shared=parse_set(args.set),
-                                 probe_images=args.probe_images, bracket=args.bracket)
+                                 probe_images=args.probe_images, bracket=args.bracket,
+                                 diagnose=args.diagnose)
     check_lr_sensitivity(config)
     for note in variant_notes(config.variants):
         print(note, file=sys.stderr)

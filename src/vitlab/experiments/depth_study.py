@@ -443,10 +443,13 @@ def grid_run_name(variant: str, depth: int, lr: float, seed: int) -> str:
     return f"{variant}_depth{depth}_lr{lr:g}_seed{seed}"
 
 
-def grid_problem(grid_run: Path, spec: RunSpec, out: Path) -> str | None:
+def grid_problem(grid_run: Path, spec: RunSpec, out: Path,
+                 diagnostics: tuple[float, int] | None = None) -> str | None:
     """Why the finished run ``grid_run`` of a learning-rate study cannot stand in for ``spec`` (None: it can): it has
-    not finished, it holds no weights (a kept record: the diagnostics need them), its record does not verify
-    (:mod:`vitlab.experiments.record`), or a setting that matters differs.
+    not finished, it holds no weights (a kept record: the diagnostics need them) and no diagnostics made with the
+    depth study's settings (``diagnostics``: its threshold and number of images; ``vitlab lr-sensitivity
+    --diagnose`` writes them), its record does not verify (:mod:`vitlab.experiments.record`), or a setting that
+    matters differs.
     Settings are compared as the run would train them (:func:`vitlab.train.plan.plan_run`: options left to the
     recipe resolved, the model as built), so an option given to one study and not the other is a difference too;
     the result-neutral options (:data:`vitlab.train.config.RESULT_NEUTRAL`: output, threads, device...) are not."""
@@ -458,8 +461,10 @@ def grid_problem(grid_run: Path, spec: RunSpec, out: Path) -> str | None:
 
     if grid_run.is_symlink() or not grid_run.is_dir() or not (grid_run / SUMMARY).is_file():
         return "it has not finished"
-    if not (grid_run / WEIGHTS).is_file():
-        return f"it holds no {WEIGHTS} (a run record kept without weights), which the diagnostics read"
+    if not (grid_run / WEIGHTS).is_file() and not _has_diagnostics(grid_run, diagnostics):
+        made = "" if diagnostics is None else (f" and no diagnostics.json for {diagnostics[1]} images at threshold "
+                                               f"{diagnostics[0]:g} (`vitlab lr-sensitivity --diagnose` writes it)")
+        return f"it holds no {WEIGHTS} (a run record kept without weights), which the diagnostics read{made}"
     try:
         config = verified_config(grid_run)
     except CheckpointError as exc:
@@ -482,17 +487,57 @@ def grid_problem(grid_run: Path, spec: RunSpec, out: Path) -> str | None:
     return None if summary is not None else "it is no finished run's record that verifies"
 
 
-def reuse_grid(specs: list[RunSpec], grid: Path, out: Path, title: str = "depth study") -> list[RunSpec]:
+def _has_diagnostics(run_dir: Path, settings: tuple[float, int] | None) -> bool:
+    """Whether ``run_dir/diagnostics.json`` holds the current diagnostics made at ``settings`` (threshold, number of
+    images), which :func:`~vitlab.analysis.depth_diagnostics.diagnose` reads back instead of loading the weights."""
+    from vitlab.analysis.depth_diagnostics import DIAG_VERSION, _read_back
+
+    path = run_dir / "diagnostics.json"
+    if settings is None or not path.is_file():
+        return False
+    diag = _read_back(path)
+    return (diag is not None and diag.get("version") == DIAG_VERSION and diag.get("threshold") == settings[0]
+            and diag.get("num_images") == settings[1])
+
+
+def diagnose_runs(pairs: list[tuple[RunSpec, dict]], out: Path, dataset: str, data_dir: Any, model: Any, *,
+                  num_images: int = 64, threshold: float = 0.9) -> list[str]:
+    """Write the depth study's diagnostics (:func:`~vitlab.analysis.depth_diagnostics.diagnose`, the first
+    ``num_images`` test images, ``threshold``: the depth study's defaults) into each finished run of ``pairs`` that
+    still holds its weights, so that its record, kept without them, can stand in for a depth study's run
+    (:func:`grid_problem`). Returns the runs left without diagnostics (failed, or restored without weights)."""
+    import sys
+
+    from vitlab.data import load_dataset, normalization
+    from vitlab.experiments.record import WEIGHTS
+
+    _, test = load_dataset(dataset, data_dir=data_dir, img_size=model.img_size, in_chans=model.in_chans)
+    n = min(num_images, len(test))
+    mean, std = normalization(dataset, model.in_chans)
+    left = []
+    for i, (spec, summary) in enumerate(pairs):
+        run_dir = out / spec.name
+        if failed(summary) or not ((run_dir / WEIGHTS).is_file() or _has_diagnostics(run_dir, (threshold, n))):
+            left.append(spec.name)
+            continue
+        print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
+        diagnose(run_dir, test.images[:n], test.labels[:n], test.classes, mean, std, threshold=threshold)
+    return left
+
+
+def reuse_grid(specs: list[RunSpec], grid: Path, out: Path, title: str = "depth study",
+               diagnostics: tuple[float, int] | None = None) -> list[RunSpec]:
     """Point each run of ``specs`` (at a rate ``--lr-from`` chose) that has no folder in the study ``out`` yet to the
     run of the learning-rate study ``grid`` with its variant, depth, rate and seed, where that run can stand in for
     it (:func:`grid_problem`): :func:`vitlab.experiments.runs.run_study` copies it in instead of training. A grid
     run that cannot is named in one line on stderr, with why, and the run trains."""
     return reuse_runs(specs, grid, out, lambda spec: grid_run_name(spec.info["variant"], spec.info["depth"],
-                                                                   spec.config.lr, spec.info["seed"]), title)
+                                                                   spec.config.lr, spec.info["seed"]), title,
+                      diagnostics)
 
 
 def reuse_runs(specs: list[RunSpec], source: Path, out: Path, name: Callable[[RunSpec], str] = lambda s: s.name,
-               title: str = "depth study") -> list[RunSpec]:
+               title: str = "depth study", diagnostics: tuple[float, int] | None = None) -> list[RunSpec]:
     """Point each run of ``specs`` that has no folder in ``out`` and no source yet to the run ``source / name(spec)``
     where that run can stand in for it (:func:`grid_problem`: finished, verified, the same settings as the run
     would train with); ``run_study`` copies it in instead of training. ``--reuse STUDY`` uses the run's own name (a
@@ -505,7 +550,7 @@ def reuse_runs(specs: list[RunSpec], source: Path, out: Path, name: Callable[[Ru
         grid_run = source / name(spec)
         if spec.source or os.path.lexists(out / spec.name) or not os.path.lexists(grid_run):
             continue
-        problem = grid_problem(grid_run, spec, out)
+        problem = grid_problem(grid_run, spec, out, diagnostics)
         if problem is None:
             spec.source = str(grid_run)
         else:
@@ -529,10 +574,15 @@ def depth_run_specs(config: DepthStudyConfig) -> list[RunSpec]:
 
         print(f"depth study: --finished-only leaves out {', '.join(unrated)}: --lr-from {config.lr_from} has no "
               "rate for them yet (their learning-rate grid has not finished)", file=sys.stderr, flush=True)
+    # a run kept without its weights stands in when it holds the diagnostics this study would compute (the full
+    # --analyze-runs report needs the weights)
+    diagnostics = None if config.analyze_runs else (config.threshold, config.num_images)
     if config.lr_from and Path(config.lr_from).is_dir() and not config.finished_only:
-        specs = reuse_grid(specs, Path(config.lr_from).expanduser(), Path(config.output).expanduser())
+        specs = reuse_grid(specs, Path(config.lr_from).expanduser(), Path(config.output).expanduser(),
+                           diagnostics=diagnostics)
     if config.reuse and not config.finished_only:
-        specs = reuse_runs(specs, Path(config.reuse).expanduser(), Path(config.output).expanduser())
+        specs = reuse_runs(specs, Path(config.reuse).expanduser(), Path(config.output).expanduser(),
+                           diagnostics=diagnostics)
     return specs
 
 

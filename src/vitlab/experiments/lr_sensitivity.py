@@ -291,6 +291,7 @@ class LRSensitivityConfig:
     probe_images: int = 64
     force: bool = False
     bracket: int = 0  # rates a cell may add beyond each edge of the grid while its best rate is on that edge
+    diagnose: bool = False  # write the depth study's diagnostics into every finished run that has its weights
 
 
 def check_lr_sensitivity(config: LRSensitivityConfig) -> None:
@@ -440,8 +441,9 @@ def planned_runs(config: LRSensitivityConfig) -> tuple[list[RunSpec], list[str]]
 def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     """Train (or read back) every run of the grid, then (``--bracket N``) the rates :func:`bracket_rounds` adds
     beyond its edges, and write results.csv, summary.csv, sensitivity.csv, logits.csv, the figures, summary.json
-    and index.html into ``config.output``. Returns those tables, the pairs, and ``notes``: per cell whose best rate
-    is not interior, why no further rate was added."""
+    and index.html into ``config.output`` (``--diagnose``: also each run's diagnostics.json,
+    :func:`vitlab.experiments.depth_study.diagnose_runs`). Returns those tables, the pairs, and ``notes``: per
+    cell whose best rate is not interior, why no further rate was added."""
 
     from vitlab.experiments.record import finished_run
     from vitlab.experiments.runs import run_study
@@ -479,6 +481,11 @@ def run_lr_sensitivity(config: LRSensitivityConfig) -> dict[str, Any]:
     meta = {"base": config.base, "dataset": cfg.dataset, "depths": depths, "variants": config.variants, "lrs": lrs,
             "bracket": config.bracket, "seeds": config.seeds, "uniform_loss": l0, "run_config": cfg.to_dict()}
     result = write_study(out, rows, logits, meta, command=config.command)
+    if config.diagnose:  # so that `depth-study --lr-from` can copy a run whose record was kept without weights
+        from vitlab.experiments.depth_study import diagnose_runs
+        from vitlab.models import get_config
+
+        diagnose_runs(pairs, out, cfg.dataset, cfg.data_dir, get_config(config.base))
     if not config.bracket:
         _, notes = extensions(rows, l0, lrs, range(config.seeds), 0)
     return {**result, "out": out, "pairs": pairs, "notes": notes}
