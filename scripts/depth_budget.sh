@@ -63,6 +63,9 @@ for item in $PHASES; do
   depths=${depths:-6,12,24}
   part=  # a phase 1 or 2 step over some cells rewrites its folder's tables with those cells only: then rewrite them all
   { [ -n "$arms" ] || [ "$depths" != 6,12,24 ]; } && part=1
+  for d in ${depths//,/ }; do  # a step at other depths (the GPU script's smoke test: 1 block) has no whole table
+    case $d in 6|12|24) ;; *) part= ;; esac
+  done
   if [ -n "$extra" ] || { [ -n "$arms" ] && [ "$phase" != 1 ] && [ "$phase" != 2 ]; }; then
     echo "depth_budget.sh: $item: only phases 1 and 2 take arms (PHASE:DEPTHS:ARMS, e.g. 1:24:vit,qknorm)" >&2
     exit 2
