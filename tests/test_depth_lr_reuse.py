@@ -368,3 +368,25 @@ def test_a_grid_kept_without_weights_stands_in_when_lr_sensitivity_diagnosed_it(
     diag = json.loads((grid / grid_run_name("vit", 2, best, 0) / "diagnostics.json").read_text())
     similarity = next(g for g in diag["collapse"] if g["group"] == "self_attention")["mean_similarity"]
     assert float(rows[0]["mean_similarity"]) == pytest.approx(similarity)  # read back from the record
+
+
+def test_kept_diagnostics_are_read_back_only_at_their_settings(tmp_path):
+    """The one rule both diagnose() and --lr-from/--reuse use to read a run's diagnostics.json instead of its
+    weights: the same threshold and number of images; ``current`` also wants this version."""
+    import json
+
+    from vitlab.analysis.depth_diagnostics import DIAG_VERSION, kept_diagnostics
+    from vitlab.experiments.depth_study import _has_diagnostics
+
+    path = tmp_path / "diagnostics.json"
+    assert kept_diagnostics(tmp_path, 0.9, 64) is None  # none kept
+    path.write_text(json.dumps({"version": DIAG_VERSION, "threshold": 0.9, "num_images": 64}))
+    assert kept_diagnostics(tmp_path, 0.9, 64, current=True)["num_images"] == 64
+    assert _has_diagnostics(tmp_path, (0.9, 64)) and not _has_diagnostics(tmp_path, None)
+    assert kept_diagnostics(tmp_path, 0.8, 64) is None and kept_diagnostics(tmp_path, 0.9, 32) is None
+    assert not _has_diagnostics(tmp_path, (0.9, 32))
+    path.write_text(json.dumps({"version": DIAG_VERSION - 1, "threshold": 0.9, "num_images": 64}))
+    assert kept_diagnostics(tmp_path, 0.9, 64)["version"] == DIAG_VERSION - 1  # diagnose() keeps it without weights
+    assert kept_diagnostics(tmp_path, 0.9, 64, current=True) is None and not _has_diagnostics(tmp_path, (0.9, 64))
+    path.write_text("{not json")
+    assert kept_diagnostics(tmp_path, 0.9, 64) is None

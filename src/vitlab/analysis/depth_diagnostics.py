@@ -29,6 +29,18 @@ def _read_back(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def kept_diagnostics(run_dir: Path, threshold: float, num_images: int, *, current: bool = False
+                     ) -> dict[str, Any] | None:
+    """The diagnostics ``run_dir`` kept (``diagnostics.json``) when they were made at ``threshold`` on
+    ``num_images`` images, of any version (``current``: of this version only, which :func:`diagnose` reads back
+    without loading the weights); None when there are none, they are damaged or were made at other settings."""
+    path = run_dir / "diagnostics.json"
+    diag = _read_back(path) if path.is_file() else None
+    if diag is None or diag.get("threshold") != threshold or diag.get("num_images") != num_images:
+        return None
+    return None if current and diag.get("version") != DIAG_VERSION else diag
+
+
 def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: tuple, std: tuple, *,
              threshold: float, batch_size: int = 32, full_report: bool = False) -> dict[str, Any]:
     """Attention collapse and residual ratios of the run's checkpoint on ``images`` (uint8 test images), saved
@@ -49,14 +61,11 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
     from vitlab.models import VitlabModel
     from vitlab.writers import write_json
 
-    path = run_dir / "diagnostics.json"
     old = None
-    if path.is_file() and not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
-        diag = _read_back(path)
-        if diag is not None and diag.get("threshold") == threshold and diag.get("num_images") == len(images):
-            if diag.get("version") == DIAG_VERSION:
-                return diag
-            old = diag
+    if not (full_report and not (run_dir / "analysis" / "index.html").is_file()):
+        old = kept_diagnostics(run_dir, threshold, len(images))
+        if old is not None and old.get("version") == DIAG_VERSION:
+            return old
     try:
         model = load_model(run_dir).eval()
     except CheckpointError:
@@ -94,7 +103,7 @@ def diagnose(run_dir: Path, images: Any, labels: Any, classes: list[str], mean: 
             "residual_ratios": [r.row() for r in residual_ratios(model, x, batch_size=batch_size)],
             "probes": _json_rows(probe_model(model, x, batch_size=batch_size).rows())
             if isinstance(model, VitlabModel) else []}
-    write_json(path, diag)
+    write_json(run_dir / "diagnostics.json", diag)
     return diag
 
 

@@ -488,16 +488,22 @@ def grid_problem(grid_run: Path, spec: RunSpec, out: Path,
 
 
 def _has_diagnostics(run_dir: Path, settings: tuple[float, int] | None) -> bool:
-    """Whether ``run_dir/diagnostics.json`` holds the current diagnostics made at ``settings`` (threshold, number of
-    images), which :func:`~vitlab.analysis.depth_diagnostics.diagnose` reads back instead of loading the weights."""
-    from vitlab.analysis.depth_diagnostics import DIAG_VERSION, _read_back
+    """Whether ``run_dir`` holds the current diagnostics made at ``settings`` (threshold, number of images), which
+    :func:`~vitlab.analysis.depth_diagnostics.diagnose` reads back instead of loading the weights."""
+    from vitlab.analysis.depth_diagnostics import kept_diagnostics
 
-    path = run_dir / "diagnostics.json"
-    if settings is None or not path.is_file():
-        return False
-    diag = _read_back(path)
-    return (diag is not None and diag.get("version") == DIAG_VERSION and diag.get("threshold") == settings[0]
-            and diag.get("num_images") == settings[1])
+    return settings is not None and kept_diagnostics(run_dir, *settings, current=True) is not None
+
+
+def diagnostic_images(dataset: str, data_dir: Any, model: Any, num_images: int) -> tuple:
+    """The images the depth study diagnoses every run on, as :func:`~vitlab.analysis.depth_diagnostics.diagnose`
+    takes them: the first ``num_images`` test images of ``dataset`` at ``model``'s size and channels, their labels,
+    the class names and the dataset's normalisation (mean, std)."""
+    from vitlab.data import load_dataset, normalization
+
+    _, test = load_dataset(dataset, data_dir=data_dir, img_size=model.img_size, in_chans=model.in_chans)
+    n = min(num_images, len(test))
+    return (test.images[:n], test.labels[:n], test.classes, *normalization(dataset, model.in_chans))
 
 
 def diagnose_runs(pairs: list[tuple[RunSpec, dict]], out: Path, dataset: str, data_dir: Any, model: Any, *,
@@ -508,12 +514,10 @@ def diagnose_runs(pairs: list[tuple[RunSpec, dict]], out: Path, dataset: str, da
     (:func:`grid_problem`). Returns the runs left without diagnostics (failed, or restored without weights)."""
     import sys
 
-    from vitlab.data import load_dataset, normalization
     from vitlab.experiments.record import WEIGHTS
 
-    _, test = load_dataset(dataset, data_dir=data_dir, img_size=model.img_size, in_chans=model.in_chans)
-    n = min(num_images, len(test))
-    mean, std = normalization(dataset, model.in_chans)
+    images = diagnostic_images(dataset, data_dir, model, num_images)
+    n = len(images[0])
     left = []
     for i, (spec, summary) in enumerate(pairs):
         run_dir = out / spec.name
@@ -521,7 +525,7 @@ def diagnose_runs(pairs: list[tuple[RunSpec, dict]], out: Path, dataset: str, da
             left.append(spec.name)
             continue
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
-        diagnose(run_dir, test.images[:n], test.labels[:n], test.classes, mean, std, threshold=threshold)
+        diagnose(run_dir, *images, threshold=threshold)
     return left
 
 
@@ -591,7 +595,6 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     ``config.output``; returns :func:`write_study`'s result and the study folder (``out``)."""
     import sys
 
-    from vitlab.data import load_dataset, normalization
     from vitlab.experiments.runs import run_study, track_study
 
     base_model = check_depth_study(config)
@@ -606,17 +609,14 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     pairs = sorted(pairs, key=lambda p: (order[p[0].info["variant"]], p[0].info["depth"], p[0].info["seed"]))
     depths = sorted({spec.info["depth"] for spec, _ in pairs})  # --finished-only: the depths that have runs
 
-    _, test = load_dataset(cfg.dataset, data_dir=cfg.data_dir, img_size=base_model.img_size,
-                           in_chans=base_model.in_chans)
-    n = min(config.num_images, len(test))
-    mean, std = normalization(cfg.dataset, base_model.in_chans)
+    images = diagnostic_images(cfg.dataset, cfg.data_dir, base_model, config.num_images)
+    n = len(images[0])
     rows, ratio_rows, layer_rows, deepest, probe_layers, probe_epochs = [], [], [], {}, [], []
     validation = has_validation(summary for _, summary in pairs)
     for i, (spec, summary) in enumerate(pairs):
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
         diag = NO_DIAGNOSTICS if failed(summary) else diagnose(
-            out / spec.name, test.images[:n], test.labels[:n], test.classes, mean, std, threshold=config.threshold,
-            full_report=config.analyze_runs)
+            out / spec.name, *images, threshold=config.threshold, full_report=config.analyze_runs)
         rows.append(result_row(spec, summary, diag, validation))
         ratios, layers = per_layer_rows(spec, diag)
         ratio_rows += ratios

@@ -74,6 +74,9 @@ def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str,
     it, so one lucky or failed seed neither moves the bar nor hides; without them, the mean +- std."""
     import math
 
+    def finite(r: dict[str, Any], key: str) -> bool:  # a failed seed's value is None or NaN
+        return r.get(key) is not None and not math.isnan(float(r[key]))
+
     fig = new_figure(13.0, 0.6 * len(agg) + 1.8)
     axes = fig.subplots(1, 3, sharey=True)
     y = list(range(len(agg)))[::-1]
@@ -87,8 +90,7 @@ def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str,
             ax.barh(y, centre, color="#1f77b4", alpha=0.6)
             for yi, a in zip(y, agg):
                 seeds = [scale * float(r[key]) for r in rows
-                         if (r["label"], r["start"]) == (a["label"], a["start"]) and r.get(key) is not None
-                         and not math.isnan(float(r[key]))]
+                         if (r["label"], r["start"]) == (a["label"], a["start"]) and finite(r, key)]
                 ax.scatter(seeds, [yi] * len(seeds), s=16, color="#222222", alpha=0.7, linewidths=0, zorder=3)
         else:
             centre = [scale * a[f"{key}_mean"] for a in agg]
@@ -110,8 +112,7 @@ def plot_compare(agg: list[dict[str, Any]], path: str | Path, title: str,
     axes[0].set_title(f"test accuracy, {spread}", fontsize=9)
     axes[1].set_title(f"training time, {spread}", fontsize=9)
     key = "test_acc_median" if by_seed else "test_acc_mean"
-    lo = min([100 * a[key] for a in agg] + [100 * float(r["test_acc"]) for r in rows or ()
-                                             if r.get("test_acc") is not None and not math.isnan(float(r["test_acc"]))])
+    lo = min([100 * a[key] for a in agg] + [100 * float(r["test_acc"]) for r in rows or () if finite(r, "test_acc")])
     axes[0].set_xlim(0.0 if lo < 60 else lo - 10, 101)
     for ax in axes[1:]:
         ax.set_xlim(0, ax.get_xlim()[1] * 1.35)
