@@ -733,6 +733,23 @@ def test_depth_study_command(tmp_path: Path, monkeypatch):
     assert main(argv) == 0 and calls == []
 
 
+def test_depth_study_figure_is_told_the_planned_seeds(tmp_path: Path, monkeypatch):
+    """A depth study rewritten with --finished-only while seeds are still missing hands the planned seed count to
+    the accuracy figure, which draws a point short of it apart instead of as a median over the planned seeds."""
+    from vitlab.plots import depth as depth_plots
+
+    seen = []
+    real = depth_plots.plot_accuracy
+    monkeypatch.setattr(depth_plots, "plot_accuracy", lambda agg, variants, path, runs=None, planned=None: (
+        seen.append((sorted(int(r["seed"]) for r in runs), planned)), real(agg, variants, path, runs, planned))[1])
+    argv = ["depth-study", "--depths", "1", "--variants", "vit", "--epochs", "1", "--batch-size", "16",
+            "--limit-train", "32", "--limit-test", "16", "--num-images", "4", "--probe-images", "0",
+            "--set", "embed_dim=16", "--set", "num_heads=2", "--no-progress", "--output", str(tmp_path / "d")]
+    assert main(argv) == 0 and seen[-1] == ([0], 1)
+    assert main([*argv, "--seeds", "3", "--finished-only"]) == 0 and seen[-1] == ([0], 3)
+    assert (tmp_path / "d" / "accuracy_vs_depth.png").stat().st_size > 0
+
+
 def test_depth_accuracy_figure_zooms_on_trained_points(tmp_path: Path, monkeypatch):
     from vitlab.plots import depth as depth_plots
 
@@ -745,9 +762,9 @@ def test_depth_accuracy_figure_zooms_on_trained_points(tmp_path: Path, monkeypat
     drawn = []
     real = depth_plots.plot_against_depth
 
-    def spy(agg, variants, panels, path, title, subsets=None, runs=None):
+    def spy(agg, variants, panels, path, title, subsets=None, runs=None, planned=None):
         drawn.append((panels, subsets))
-        return real(agg, variants, panels, path, title, subsets=subsets, runs=runs)
+        return real(agg, variants, panels, path, title, subsets=subsets, runs=runs, planned=planned)
 
     monkeypatch.setattr(depth_plots, "plot_against_depth", spy)
     depth_plots.plot_accuracy(trained + failed, ["vit", "fixup"], tmp_path / "a.png")

@@ -81,6 +81,48 @@ def test_accuracy_figure_draws_the_median_line_and_every_seed(tmp_path: Path,
     assert (tmp_path / "a.png").stat().st_size > 0
 
 
+def test_accuracy_figure_draws_a_point_short_of_its_planned_seeds_apart(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study still running has points with fewer finished seeds than planned: the median line leaves them out and
+    each is a hollow marker at the median of what finished, labelled k/planned; the title says what hollow means.
+    Without ``planned`` (or with every point complete) the line runs through every point."""
+    import matplotlib.axes
+    import matplotlib.figure
+
+    lines, notes, titles = [], [], []
+    real_plot, real_annotate = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.annotate
+    real_suptitle = matplotlib.figure.Figure.suptitle
+
+    def plot(self, x, y, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        lines.append((list(x), list(y), k.get("markerfacecolor")))
+        return real_plot(self, x, y, *a, **k)
+
+    def annotate(self, text, xy, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        notes.append((text, xy))
+        return real_annotate(self, text, xy, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", annotate)
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle",
+                        lambda self, t, *a, **k: (titles.append(t), real_suptitle(self, t, *a, **k))[1])
+    runs = [{"variant": "vit", "depth": d, "seed": s, "test_acc": acc}
+            for d, accs in ((2, (0.80, 0.82, 0.84)), (4, (0.85, 0.86, 0.87)), (8, (0.90,)))
+            for s, acc in enumerate(accs)]
+    agg = [{"variant": "vit", "depth": d, "test_acc_mean": 0.5, "test_acc_std": 0.1} for d in (2, 4, 8)]
+    depth.plot_accuracy(agg, ["vit"], tmp_path / "a.png", runs=runs, planned=3)
+    assert lines == [([2, 4], [pytest.approx(82.0), pytest.approx(86.0)], None),
+                     ([8], [pytest.approx(90.0)], "none")]  # the one-seed point: hollow, off the line
+    assert notes == [("1/3", (8, pytest.approx(90.0)))]
+    assert "hollow: fewer than 3 seeds finished" in titles[-1]
+    lines.clear(), notes.clear()
+    depth.plot_accuracy(agg, ["vit"], tmp_path / "b.png", runs=runs)
+    assert lines == [([2, 4, 8], [pytest.approx(82.0), pytest.approx(86.0), pytest.approx(90.0)], None)]
+    assert notes == [] and "hollow" not in titles[-1]
+    lines.clear()
+    depth.plot_accuracy(agg, ["vit"], tmp_path / "c.png", runs=[r for r in runs if r["depth"] != 8], planned=3)
+    assert lines == [([2, 4], [pytest.approx(82.0), pytest.approx(86.0)], None)] and "hollow" not in titles[-1]
+
+
 def test_sweep_figure_draws_the_median_line_and_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sweep's figure, given each point's seeds, draws the median over seeds as the line (an outlying seed moves
     the mean, not the line) and each seed as a dot; the time panel its median; without seeds, mean +- std."""

@@ -266,7 +266,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     write_csv(out / "summary.csv", agg)
     write_csv(out / "residual_ratios.csv", ratio_rows)
     write_csv(out / "collapse_layers.csv", layer_rows)
-    plot_accuracy(agg, variants, out / "accuracy_vs_depth.png", runs=rows)
+    plot_accuracy(agg, variants, out / "accuracy_vs_depth.png", runs=rows, planned=meta.get("seeds"))
     collapse_panels = [("mean_similarity", "mean cross-layer similarity", 1.0),
                        ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)]
     pre_mix = any(r["mean_similarity_pre_mix"] == r["mean_similarity_pre_mix"] for r in rows)
@@ -326,7 +326,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         *warning_section(rows, ("variant", "depth", "seed"), warning),
         Section("Accuracy against depth", f"{lines}. Final test accuracy after the same recipe (no epoch or depth "
                 "is chosen on the test set; with --val-split the validation columns choose): the line is the median "
-                "over seeds and each dot one seed; summary.csv has the median, mean and standard deviation.",
+                "over seeds and each dot one seed (a point with fewer finished seeds than planned is a hollow marker "
+                "off the line, labelled k/planned); summary.csv has the median, mean and standard deviation.",
                 ["accuracy_vs_depth.png"], ["summary.csv"]),
         Section("Attention collapse", "Mean cosine similarity between the attention maps of different "
                 "self-attention layers (Zhou et al. 2021, DeepViT: same head, same key token, compared over "

@@ -31,11 +31,15 @@ def seed_values(runs: list[dict[str, Any]], value: str, variant: str, depths: li
 
 def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: list[tuple[str, str, float]],
                        path: str | Path, title: str, subsets: list[list[dict[str, Any]]] | None = None,
-                       runs: list[dict[str, Any]] | None = None) -> Path:
+                       runs: list[dict[str, Any]] | None = None, planned: int | None = None) -> Path:
     """One panel per ``(value, ylabel, scale)``: a line per variant against depth (panel ``i`` draws the rows
     ``subsets[i]`` when given, else all of ``agg``); a variant keeps its colour across panels. The line is the mean
     +- std over seeds, or, given the per-run ``runs``, the median over seeds with every seed drawn as a dot beside
-    it (a figure then shows the spread itself, and one lucky seed does not move the line)."""
+    it (a figure then shows the spread itself, and one lucky seed does not move the line).
+
+    Given ``planned``, the number of seeds each point should have, a point with fewer finished runs (a study still
+    running) is not a median over the planned seeds: the line leaves it out, and it is drawn as a hollow marker at
+    the median of what finished, labelled ``k/planned``, beside its dots."""
     import statistics
 
     from vitlab.plots.figure import new_figure, save
@@ -48,6 +52,7 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
         ax.set_axis_off()
     depths = sorted({a["depth"] for a in agg})
     colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    partial = False
     for i, (ax, (value, ylabel, scale)) in enumerate(zip(axes, panels)):
         rows = subsets[i] if subsets is not None else agg
         for j, (variant, (x, m, s)) in enumerate(curves(rows, value, variants).items()):
@@ -57,8 +62,17 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
                 continue
             seeds = seed_values(runs, value, variant, x)
             kept = [(d, xs) for d, xs in zip(x, seeds) if xs]
-            ax.plot([d for d, _ in kept], [scale * statistics.median(xs) for _, xs in kept], marker="o",
+            full = [(d, xs) for d, xs in kept if planned is None or len(xs) >= planned]
+            ax.plot([d for d, _ in full], [scale * statistics.median(xs) for _, xs in full], marker="o",
                     label=variant, color=colours[variant])
+            for d, xs in kept:
+                if planned is None or len(xs) >= planned:
+                    continue
+                partial = True
+                y = scale * statistics.median(xs)
+                ax.plot([d], [y], marker="o", linestyle="none", markerfacecolor="none", color=colours[variant])
+                ax.annotate(f"{len(xs)}/{planned}", (d, y), textcoords="offset points", xytext=(5, 3), fontsize=7,
+                            color=colours[variant])
             shift = 2 ** (0.04 * (j - (len(variants) - 1) / 2))  # side by side on the log-2 axis, not on top
             for d, xs in kept:
                 ax.scatter([d * shift] * len(xs), [scale * v for v in xs], s=12, alpha=0.45, color=colours[variant],
@@ -67,23 +81,26 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
+    if partial:
+        title += f"; hollow: fewer than {planned} seeds finished (k/{planned})"
     fig.suptitle(title)
     return save(fig, path)
 
 
 def plot_accuracy(agg: list[dict[str, Any]], variants: list[str], path: str | Path,
-                  runs: list[dict[str, Any]] | None = None) -> Path:
+                  runs: list[dict[str, Any]] | None = None, planned: int | None = None) -> Path:
     """Test accuracy against depth per variant: the median over seeds with each seed a dot when the per-run
     ``runs`` are given, else mean +- std; when some points are under-trained or diverged (they sit tens of points
-    below and flatten every other line), a second panel shows the trained points alone at their scale."""
+    below and flatten every other line), a second panel shows the trained points alone at their scale. With
+    ``planned`` seeds per point, a point with fewer finished runs is drawn apart (see :func:`plot_against_depth`)."""
     title = ("test accuracy against depth (median; a dot per seed)" if runs is not None
              else "test accuracy against depth (mean +- std over seeds)")
     panels = [("test_acc", "test accuracy (%)", 100.0)]
     trained = [a for a in agg if not a.get("undertrained") and not a.get("diverged")]
     if not trained or len(trained) == len(agg):
-        return plot_against_depth(agg, variants, panels, path, title, runs=runs)
+        return plot_against_depth(agg, variants, panels, path, title, runs=runs, planned=planned)
     panels.append(("test_acc", "test accuracy (%), trained points only", 100.0))
-    return plot_against_depth(agg, variants, panels, path, title, subsets=[agg, trained], runs=runs)
+    return plot_against_depth(agg, variants, panels, path, title, subsets=[agg, trained], runs=runs, planned=planned)
 
 
 def plot_ratios(ratio_rows: list[dict[str, Any]], variants: list[str], depths: list[int], path: str | Path) -> Path:
