@@ -36,10 +36,10 @@ OUT = ROOT / "docs" / "results" / "depth_budget" / "probes_depth.csv"
 FIGURE = ROOT / "docs" / "figures" / "findings_budget_probes.png"
 ARMS, DEPTHS, SEEDS = BUDGET_ARMS, (6, 12, 24), BUDGET_SEEDS
 # (CSV column, probe, over the blocks: the last block's value or the maximum, axis label)
-PROBES = (("token_similarity_last", "token_similarity", "last", "token similarity, last block"),
-          ("effective_rank_uncentred_last", "effective_rank_uncentred", "last", "effective rank (uncentred), last"),
-          ("attn_entropy_last", "attn_entropy", "last", "attention entropy, last block"),
-          ("max_logit_max", "max_logit", "max", "largest attention logit, any block"))
+PROBES = (("token_similarity_last", "token_similarity", "last", "token similarity\n(last block)"),
+          ("effective_rank_uncentred_last", "effective_rank_uncentred", "last", "effective rank,\nuncentred (last)"),
+          ("attn_entropy_last", "attn_entropy", "last", "attention entropy\n(last block)"),
+          ("max_logit_max", "max_logit", "max", "largest attention\nlogit (any block)"))
 COLUMNS = ["variant", "depth", "seeds"] + [p[0] for p in PROBES] + ["status"]
 
 
