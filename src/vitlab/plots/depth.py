@@ -71,8 +71,8 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
                 partial = True
                 y = scale * statistics.median(xs)
                 ax.plot([d], [y], marker="o", linestyle="none", markerfacecolor="none", color=colours[variant])
-                ax.annotate(f"{len(xs)}/{planned}", (d, y), textcoords="offset points", xytext=(5, 3), fontsize=7,
-                            color=colours[variant])
+                ax.annotate(f"{len(xs)}/{planned}", (d, y), textcoords="offset points", xytext=(0, 6), ha="center",
+                            fontsize=7, color=colours[variant])
             shift = 2 ** (0.04 * (j - (len(variants) - 1) / 2))  # side by side on the log-2 axis, not on top
             for d, xs in kept:
                 ax.scatter([d * shift] * len(xs), [scale * v for v in xs], s=12, alpha=0.45, color=colours[variant],
@@ -82,7 +82,7 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
     if partial:
-        title += f"; hollow: fewer than {planned} seeds finished (k/{planned})"
+        title += f"\nhollow: fewer than {planned} seeds finished (k/{planned})"
     fig.suptitle(title)
     return save(fig, path)
 
