@@ -62,13 +62,13 @@ def plot_against_depth(agg: list[dict[str, Any]], variants: list[str], panels: l
                 continue
             seeds = seed_values(runs, value, variant, x)
             kept = [(d, xs) for d, xs in zip(x, seeds) if xs]
-            full = [(d, xs) for d, xs in kept if planned is None or len(xs) >= planned]
+            full, short = [], []  # points with their planned seeds, and points still running
+            for d, xs in kept:
+                (short if planned is not None and len(xs) < planned else full).append((d, xs))
             ax.plot([d for d, _ in full], [scale * statistics.median(xs) for _, xs in full], marker="o",
                     label=variant, color=colours[variant])
-            for d, xs in kept:
-                if planned is None or len(xs) >= planned:
-                    continue
-                partial = True
+            partial = partial or bool(short)
+            for d, xs in short:
                 y = scale * statistics.median(xs)
                 ax.plot([d], [y], marker="o", linestyle="none", markerfacecolor="none", color=colours[variant])
                 ax.annotate(f"{len(xs)}/{planned}", (d, y), textcoords="offset points", xytext=(0, 6), ha="center",
