@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The rate x depth study of docs/findings.md section 10, every phase in the order the design runs them. Each phase
 # reads back the runs that finished, so the same command resumes after any stop (restore committed records first:
-# `python scripts/findings_tables.py docs/findings.md --restore-runs docs/results/runs runs/findings`).
+# `python scripts/findings_tables.py docs/findings.md --restore-runs docs/results/runs runs/findings`; a later phase
+# alone, PHASES="3", then first writes the grid's table from the restored runs, which phases 2-4 read its rates from).
 #
 #   bash scripts/depth_budget.sh            # all phases, two worker processes of one thread each
 #   WORKERS=1 bash scripts/depth_budget.sh  # one worker (leaves a core free for other work)
@@ -23,10 +24,11 @@
 # those of an arm whose rate is the ViT's copied from phase 2); 4 drop-path 0.1, uniform and linear, at 24 blocks for
 # the arm with the best phase-2 validation accuracy there (scripts/verdicts.py best_arm; never the test set);
 # 5 Wortsman et al.'s claims: the grid at seeds 0-2 for the plain ViT and QK-layernorm at 6 and 24 blocks (seed 0
-# copied from phase 1). The default order runs phases 1 and 2 to 12 blocks first, so the shallow cells' verdicts come
-# before the 24-block grid's hours; then at 24 blocks two arms at a time, grid then seeds (the ViT and QK-layernorm,
-# then LayerScale and CaiT, then DeepViT), so the first 24-block verdicts wait for two arms' runs, not for all five
-# grids; each cell's rate is its own grid's either way. Data: `apt-get install dataset-fashion-mnist`.
+# copied from phase 1 at the grid's rates). The default order runs phases 1 and 2 to 12 blocks first, so the shallow
+# cells' verdicts come before the 24-block grid's hours; then at 24 blocks two arms at a time, grid then seeds (the
+# ViT and QK-layernorm, then LayerScale and CaiT, then DeepViT), so the first 24-block verdicts wait for two arms'
+# runs, not for all five grids; each cell's rate is its own grid's either way.
+# Data: `apt-get install dataset-fashion-mnist`.
 {  # read whole before it runs: a `git pull` while the study runs cannot change the running script
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,21 @@ step() {  # one command of a phase; a dry run goes on past a phase whose inputs 
 }
 
 ALL=(--depths 6,12,24 --variants $ARMS --finished-only)  # a phase's whole table, from the cells finished so far
+REBUILT=
+grid_table() {  # phases 2-4 read the grid's rates from its sensitivity.csv (--lr-from); a machine that has only the
+  # committed run records (--restore-runs brings back runs, not the tables) writes it from them first, training nothing
+  if [ -n "$REBUILT" ] || [ -f "$GRID/sensitivity.csv" ] || ! compgen -G "$GRID/*/summary.json" > /dev/null; then
+    return 0
+  fi
+  REBUILT=1
+  if [ -n "${DRY_RUN:-}" ]; then
+    echo "depth_budget.sh: dry run: $GRID has finished runs but no sensitivity.csv (restored records); a real run" \
+         "writes it from them first (training nothing), then phase $item can be planned" >&2
+    return 0
+  fi
+  echo "depth_budget.sh: $GRID has no sensitivity.csv; writing it from the grid's finished runs (nothing trains)" >&2
+  "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" "${ALL[@]}" "${RATES[@]}" --seeds 1 --diagnose --output "$GRID"
+}
 for item in $PHASES; do
   IFS=: read -r phase depths arms extra <<< "$item"
   depths=${depths:-6,12,24}
@@ -70,6 +87,7 @@ for item in $PHASES; do
     echo "depth_budget.sh: $item: only phases 1 and 2 take arms (PHASE:DEPTHS:ARMS, e.g. 1:24:vit,qknorm)" >&2
     exit 2
   fi
+  case $phase in 2|3|4) grid_table ;; esac
   case $phase in
   1)  # each invocation with more depths adds them to the same folder; finished runs are read back
     step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$depths" --variants "${arms:-$ARMS}" "${RATES[@]}" \
@@ -101,7 +119,14 @@ print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
     done ;;
   5)
     [ -z "${DRY_RUN:-}" ] && mkdir -p "$OUT/depth_budget_wortsman"
-    for run in "$GRID"/{vit,qknorm}_depth{6,24}_lr*_seed0; do  # seed 0: phase 1's runs, verified when read back
+    # seed 0: phase 1's runs at the grid's own rates (--lrs, as run folders name them), verified when read back. A
+    # rate phase 1 added beyond an edge is not copied: this study's --bracket adds it, for every seed, only if its own
+    # 3-seed curve asks for it, and a curve's LR sensitivity counts only the seeds that finished all of its rates
+    seed0=()
+    for r in $("$PYTHON" -c "import sys; print(*(f'{float(r):g}' for r in sys.argv[1].split(',')))" "${RATES[1]}"); do
+      seed0+=("$GRID"/{vit,qknorm}_depth{6,24}_lr"$r"_seed0)
+    done
+    for run in "${seed0[@]}"; do
       [ -z "${DRY_RUN:-}" ] && [ -d "$run" ] && [ ! -e "$OUT/depth_budget_wortsman/$(basename "$run")" ] && \
         cp -r "$run" "$OUT/depth_budget_wortsman/.$(basename "$run").cp" && \
         mv "$OUT/depth_budget_wortsman/.$(basename "$run").cp" "$OUT/depth_budget_wortsman/$(basename "$run")"
@@ -110,7 +135,7 @@ print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
         --output "$OUT/depth_budget_wortsman"
     if [ -n "${DRY_RUN:-}" ]; then
       found=0
-      for run in "$GRID"/{vit,qknorm}_depth{6,24}_lr*_seed0; do
+      for run in "${seed0[@]}"; do
         if [ -d "$run" ]; then found=$((found + 1)); fi
       done
       echo "depth_budget.sh: dry run: phase 5 copies phase 1's seed-0 runs of these cells ($found there now) before" \

@@ -88,9 +88,12 @@ def test_phase_4_waits_for_phase_2(tmp_path):
 
 @pytest.mark.parametrize("dry", [False, True], ids=["run", "dry-run"])
 def test_phase_5_starts_from_phase_1s_seed_0_runs(tmp_path, dry):
+    """Seed 0 of its cells at the grid's own rates; a rate phase 1 added beyond an edge (0.016) stays behind: copied,
+    it would be a rate seeds 1-2 lack unless this study's own bracket adds it, and the LR sensitivity counts only
+    the seeds that finished every rate of the cell's curve."""
     grid = tmp_path / "runs" / "depth_budget_grid"
-    for name in ("vit_depth6_lr0.002_seed0", "qknorm_depth24_lr0.016_seed0", "cait_depth6_lr0.002_seed0",
-                 "vit_depth12_lr0.002_seed0"):
+    for name in ("vit_depth6_lr0.002_seed0", "qknorm_depth24_lr0.0005_seed0", "qknorm_depth24_lr0.016_seed0",
+                 "cait_depth6_lr0.002_seed0", "vit_depth12_lr0.002_seed0", "vit_depth6_lr0.002_seed1"):
         (grid / name).mkdir(parents=True)
         (grid / name / "summary.json").write_text("{}")
     done, calls = _run(tmp_path, "5", **({"DRY_RUN": "1"} if dry else {}))
@@ -98,7 +101,7 @@ def test_phase_5_starts_from_phase_1s_seed_0_runs(tmp_path, dry):
     assert ("--dry-run" in calls[0]) is dry
     target = tmp_path / "runs" / "depth_budget_wortsman"
     copied = sorted(p.name for p in target.iterdir()) if target.exists() else []
-    assert copied == ([] if dry else ["qknorm_depth24_lr0.016_seed0", "vit_depth6_lr0.002_seed0"])
+    assert copied == ([] if dry else ["qknorm_depth24_lr0.0005_seed0", "vit_depth6_lr0.002_seed0"])
     assert ("phase 5 copies phase 1's seed-0 runs of these cells (2 there now)" in done.stderr) is dry
 
 
@@ -123,6 +126,30 @@ def test_a_phase_may_name_its_depths(tmp_path):
     assert [(a[0], _option(a, "--depths"), "--finished-only" in a) for a in calls] == [
         ("depth-study", "6", False), ("depth-study", "6,12,24", True),  # phase 2's table rewritten whole after it
         ("depth-study", "12,24", False), ("depth-study", "6,12,24", False)]
+
+
+def test_restored_records_get_the_grid_table_back_before_a_phase_reads_its_rates(tmp_path):
+    """On a fresh machine `--restore-runs` brings back the grid's run records but not its sensitivity.csv, which
+    phases 2-4 read (--lr-from): the script writes it from the finished runs first (--finished-only: nothing trains),
+    once; a dry run writes nothing and says so; with the table there, or no grid runs at all, nothing is added."""
+    grid = tmp_path / "runs" / "depth_budget_grid"
+    (grid / "vit_depth6_lr0.002_seed0").mkdir(parents=True)
+    (grid / "vit_depth6_lr0.002_seed0" / "summary.json").write_text("{}")
+    done, calls = _run(tmp_path, "3:6 2:6")
+    assert done.returncode == 0, done.stderr
+    assert [(a[0], _option(a, "--depths"), "--finished-only" in a, _option(a, "--output")) for a in calls[:2]] == [
+        ("lr-sensitivity", "6,12,24", True, str(grid)), ("depth-study", "6", False, f"{tmp_path}/runs/"
+                                                                                      "depth_budget_same_rate")]
+    assert [a[0] for a in calls].count("lr-sensitivity") == 1  # once, though the stand-in writes no table
+    assert "writing it from the grid's finished runs" in done.stderr
+    (tmp_path / "calls.jsonl").unlink()
+    done, calls = _run(tmp_path, "3:6", DRY_RUN="1")
+    assert done.returncode == 0 and [a[0] for a in calls] == ["depth-study"] and "--dry-run" in calls[0]
+    assert "has finished runs but no sensitivity.csv" in done.stderr
+    (grid / "sensitivity.csv").write_text("variant\n")
+    (tmp_path / "calls.jsonl").unlink()
+    done, calls = _run(tmp_path, "3:6")
+    assert done.returncode == 0 and [a[0] for a in calls] == ["depth-study"]
 
 
 def test_the_full_training_set_on_a_gpu_and_extra_options(tmp_path):

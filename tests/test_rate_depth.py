@@ -372,3 +372,80 @@ def test_an_agreeing_budget_claim_confirms_the_proxy_read_the_same_way_round(tmp
         assert v.rows([proxy, answer], tmp_path)[0]["standing"] == v.SUPERSEDED
     finally:
         v.AT_BUDGET[proxy.id] = (answer.id, -1)
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+
+def _timed(run: Path, seconds: float) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "wall_time_s": seconds}))
+
+
+def test_progress_counts_each_phases_runs_finished_planned_copied_and_to_train(tmp_path):
+    """The page's progress table from run records: the plain ViT and QK-layernorm have run the grid at 6 blocks (both
+    best at 2e-3; QK-layernorm added 1.6e-2 beyond the edge), the ViT one rate at 12 and 24 blocks; phase 2 has the
+    ViT's 5 seeds at 6 blocks and QK-layernorm's seeds 1-2."""
+    p = load_script("budget_progress")
+    for arm in ("vit", "qknorm"):
+        for lr in p.GRID + ((1.6e-2,) if arm == "qknorm" else ()):
+            run = _run(tmp_path, "depth_budget_grid", f"{arm}_depth6_lr{lr:g}_seed0", seed=0,
+                       val_loss=0.4 + abs(math.log2(lr / 2e-3)) * 0.05)
+            _timed(run, 100.0)
+    _timed(_run(tmp_path, "depth_budget_grid", "vit_depth12_lr0.001_seed0", seed=0, depth=12), 400.0)
+    _timed(_run(tmp_path, "depth_budget_grid", "vit_depth24_lr0.001_seed0", seed=0, depth=24), 1000.0)
+    for seed in range(5):
+        _run(tmp_path, "depth_budget", f"vit_depth6_seed{seed}", seed=seed)
+    for seed in (1, 2):
+        _run(tmp_path, "depth_budget", f"qknorm_depth6_seed{seed}", seed=seed)
+    rows = {r["runs"]: r for r in p.rows(tmp_path)}
+
+    def counts(folder):
+        r = rows[folder]
+        return tuple(int(r[k]) for k in ("finished", "planned", "to_copy", "train_6", "train_12", "train_24"))
+
+    # phase 1: 15 cells x 5 rates and the rate added beyond an edge; 13 finished
+    assert counts("depth_budget_grid") == (13, 76, 0, 15, 24, 24)
+    # phase 2: QK-layernorm's seed 0 is copied from its grid run at its best rate, not trained; the ViT's cells at
+    # 12 and 24 blocks have not finished their grids, so their best rate (and run to copy) is not known yet
+    assert counts("depth_budget") == (7, 75, 1, 17, 25, 25)
+    # phase 3: QK-layernorm's rate at 6 blocks is the ViT's, so its phase-2 runs (seeds 1-2) are copies
+    assert counts("depth_budget_same_rate") == (0, 60, 2, 18, 20, 20)
+    # phase 5: seed 0 at the grid's own rates is copied (the ViT and QK-layernorm at 6 blocks, the ViT's one 24-block
+    # run), not QK-layernorm's 1.6e-2
+    assert counts("depth_budget_wortsman") == (0, 60, 11, 20, 0, 29)
+    # phase 4 waits for phase 2's best arm; its cells count as 24-block runs all the same
+    assert counts("depth_budget_dp_uniform") == (0, 5, 0, 0, 0, 5)
+    assert rows["depth_budget_dp_linear"]["status"] == "waits for phase 2 to choose its arm"
+    assert [rows[f]["status"] for f in ("depth_budget_grid", "depth_budget_same_rate")] == ["under way", "not started"]
+    # the cost: the runs to train at each depth times the median wall time of the finished runs there
+    assert rows["depth_budget_same_rate"]["hours"] == f"{(18 * 100 + 20 * 400 + 20 * 1000) / 3600:.1f}"
+    total = rows["depth_budget*"]
+    assert int(total["finished"]) == 20 and int(total["planned"]) == 76 + 75 + 60 + 5 + 5 + 60
+    assert int(total["train_24"]) == 24 + 25 + 20 + 5 + 5 + 29 and int(total["to_copy"]) == 1 + 2 + 11
+    assert "100 s at 6, 400 s at 12, 1000 s at 24 blocks" in total["what"]
+    # no finished run at 24 blocks to time: no cost where 24-block runs are left
+    (tmp_path / "depth_budget_grid" / "vit_depth24_lr0.001_seed0" / "summary.json").unlink()
+    rows = {r["runs"]: r for r in p.rows(tmp_path)}
+    assert rows["depth_budget_same_rate"]["hours"] == "" and rows["depth_budget_grid"]["hours"] == ""
+
+
+def test_progress_of_a_finished_phase_and_the_best_arm(tmp_path, monkeypatch):
+    p = load_script("budget_progress")
+    monkeypatch.setattr(p, "best_arm", lambda runs: "qknorm")
+    for seed in range(5):
+        _timed(_run(tmp_path, "depth_budget_dp_linear", f"qknorm_depth24_seed{seed}", seed=seed, depth=24), 900.0)
+        _run(tmp_path, "depth_budget_dp_uniform", f"vit_depth24_seed{seed}", seed=seed, depth=24)  # not the arm
+    rows = {r["runs"]: r for r in p.rows(tmp_path)}
+    linear, uniform = rows["depth_budget_dp_linear"], rows["depth_budget_dp_uniform"]
+    assert (linear["finished"], linear["status"], linear["hours"]) == ("5", "complete", "0.0")
+    assert "the best arm (QK-layernorm)" in linear["what"]
+    assert (uniform["finished"], uniform["train_24"], uniform["status"]) == ("0", "5", "not started")
+    assert uniform["hours"] == f"{5 * 900 / 3600:.1f}"
+
+
+def test_the_committed_progress_table_is_computed_from_the_run_records():
+    """docs/results/depth_budget/progress.csv is what the kept records give: a hand edit, or records committed
+    without rerunning the script, fail here."""
+    p = load_script("budget_progress")
+    assert p.table() == p.OUT.read_text()

@@ -1,0 +1,202 @@
+"""How far the rate x depth study (docs/findings.md, section 10) has got: per phase, the runs finished and planned,
+those still to train at each depth and a rough cost, from the kept run records (``docs/results/runs/depth_budget*``),
+so the page's progress is generated like its tables instead of kept by hand.
+
+A phase's runs are those ``scripts/depth_budget.sh`` asks for (one row per output folder):
+
+1. ``depth_budget_grid``: every arm at 6, 12 and 24 blocks at each rate of :data:`GRID`, seed 0;
+2. ``depth_budget``: every cell at its grid's best rate, :data:`BUDGET_SEEDS` seeds (seed 0 copied from the grid);
+3. ``depth_budget_same_rate``: the four arms other than the ViT at the ViT's best rate (a cell whose own best rate
+   is the ViT's copies its runs from phase 2);
+4. ``depth_budget_dp_uniform`` and ``depth_budget_dp_linear``: the best arm (``verdicts.best_arm``, chosen on
+   validation) at 24 blocks;
+5. ``depth_budget_wortsman``: the grid at seeds 0-2 for the ViT and QK-layernorm at 6 and 24 blocks (seed 0 copied
+   from phase 1 at the grid's own rates).
+
+A rate study's cell plans every rate of :data:`GRID` and any rate it has added beyond the grid's edge (``--bracket``:
+a rate is planned once a run of it exists, so a rate still to be added is not counted yet). A run is finished when its
+``summary.json`` is kept; a run the study copies from another phase's record counts as ``to copy``, not as one to
+train. The cost column multiplies the runs to train at each depth by the median ``wall_time_s`` of the study's
+finished runs at that depth (each trained with two workers on a 2-core machine: a rough guide, not a measurement).
+
+    python scripts/budget_progress.py           # write docs/results/depth_budget/progress.csv
+    python scripts/budget_progress.py --check   # exit 1 when the CSV differs from the records
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # verdicts and records_csv beside this script
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records_csv import csv_main  # noqa: E402
+from verdicts import BUDGET_ARMS, BUDGET_NAMES, BUDGET_SEEDS, NoRuns, best_arm, best_lr  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "docs" / "results" / "runs"
+OUT = ROOT / "docs" / "results" / "depth_budget" / "progress.csv"
+GRID = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # phase 1's --lrs (section 10's design)
+DEPTHS = (6, 12, 24)
+WORTSMAN_SEEDS = 3
+BEST = "best"  # a phase 4 cell's arm: the one verdicts.best_arm chooses when phase 2 ends
+COLUMNS = ["phase", "runs", "what", "finished", "planned", "to_copy", "train_6", "train_12", "train_24", "hours",
+           "status"]
+RUN_NAME = re.compile(r"(?P<arm>[a-z]+)_depth(?P<depth>\d+)(?:_lr(?P<lr>[0-9.e+-]+))?_seed(?P<seed>\d+)$")
+
+
+@dataclass(frozen=True)
+class Phase:
+    phase: str
+    folder: str
+    what: str
+    cells: tuple[tuple[str, int], ...]
+    seeds: int
+    rates: bool = False  # a rate study: each cell at every rate of GRID (and any it added beyond the edge)
+
+
+PHASES = (
+    Phase("1", "depth_budget_grid", "the rate grid: every arm and depth at 5 rates (more beyond an edge), seed 0",
+          tuple((a, d) for a in BUDGET_ARMS for d in DEPTHS), 1, rates=True),
+    Phase("2", "depth_budget", f"each cell at its best rate, {BUDGET_SEEDS} seeds (seed 0 copied from the grid)",
+          tuple((a, d) for a in BUDGET_ARMS for d in DEPTHS), BUDGET_SEEDS),
+    Phase("3", "depth_budget_same_rate", f"the same-rate control: the other four arms at the ViT's rate, "
+          f"{BUDGET_SEEDS} seeds (a cell whose rate is the ViT's copied from phase 2)",
+          tuple((a, d) for a in BUDGET_ARMS[1:] for d in DEPTHS), BUDGET_SEEDS),
+    Phase("4", "depth_budget_dp_uniform", f"drop-path 0.1, uniform, at 24 blocks for the best arm, {BUDGET_SEEDS} "
+          "seeds", ((BEST, 24),), BUDGET_SEEDS),
+    Phase("4", "depth_budget_dp_linear", f"drop-path 0.1, linear, at 24 blocks for the best arm, {BUDGET_SEEDS} seeds",
+          ((BEST, 24),), BUDGET_SEEDS),
+    Phase("5", "depth_budget_wortsman", "Wortsman et al.'s claims: the grid at seeds 0-2 for the ViT and QK-layernorm "
+          "at 6 and 24 blocks (seed 0 copied from the grid at its own rates)",
+          (("vit", 6), ("vit", 24), ("qknorm", 6), ("qknorm", 24)), WORTSMAN_SEEDS, rates=True),
+)
+
+
+def finished(folder: Path) -> dict[tuple[str, int, float | None, int], Path]:
+    """``{(arm, depth, lr or None, seed): run}`` of the runs under ``folder`` whose summary.json is kept."""
+    out = {}
+    for summary in sorted(folder.glob("*/summary.json")) if folder.is_dir() else ():
+        m = RUN_NAME.match(summary.parent.name)
+        if m:
+            lr = float(m["lr"]) if m["lr"] else None
+            out[(m["arm"], int(m["depth"]), lr, int(m["seed"]))] = summary.parent
+    return out
+
+
+def _best(runs: Path, arm: str, depth: int) -> float | None:
+    """The cell's best rate once its grid has finished every rate of :data:`GRID` (until then it may move)."""
+    rates = {lr for (a, d, lr, _) in finished(runs / "depth_budget_grid") if (a, d) == (arm, depth)}
+    if not set(GRID) <= rates:
+        return None
+    try:
+        return best_lr(runs / "depth_budget_grid", f"{arm}_depth{depth}")
+    except (NoRuns, ValueError):
+        return None
+
+
+def planned(phase: Phase, runs: Path, best: str | None) -> list[tuple[str, int, float | None, int]]:
+    """The runs ``phase`` plans, as ``(arm, depth, lr or None, seed)``; a phase 4 cell's arm is ``best`` (or
+    :data:`BEST` while none is chosen)."""
+    done = finished(runs / phase.folder)
+    out = []
+    for arm, depth in phase.cells:
+        arm = (best or BEST) if arm == BEST else arm
+        if phase.rates:
+            rates = sorted(set(GRID) | {lr for (a, d, lr, _) in done if (a, d) == (arm, depth) and lr is not None})
+        else:
+            rates = [None]
+        out += [(arm, depth, lr, seed) for lr in rates for seed in range(phase.seeds)]
+    return out
+
+
+def copy_source(phase: Phase, run: tuple[str, int, float | None, int], runs: Path) -> bool:
+    """Whether the study copies ``run`` from another phase's finished record instead of training it (seed 0 of phase
+    2 from the grid at the cell's best rate, of phase 5 at the grid's own rates; phase 3's cells whose own best rate
+    is the ViT's, from phase 2)."""
+    arm, depth, lr, seed = run
+    grid = finished(runs / "depth_budget_grid")
+    if phase.phase == "2" and seed == 0:
+        rate = _best(runs, arm, depth)
+        return rate is not None and (arm, depth, rate, 0) in grid
+    if phase.phase == "5" and seed == 0:  # at the grid's own rates only (scripts/depth_budget.sh)
+        return lr in GRID and (arm, depth, lr, 0) in grid
+    if phase.phase == "3":
+        own, vit = _best(runs, arm, depth), _best(runs, "vit", depth)
+        return own is not None and own == vit and (arm, depth, None, seed) in finished(runs / "depth_budget")
+    return False
+
+
+def run_seconds(runs: Path) -> dict[int, float]:
+    """``{depth: median wall_time_s}`` over the finished runs of every phase's folder that record it."""
+    times: dict[int, list[float]] = {}
+    for phase in PHASES:
+        for (_, depth, _, _), run in finished(runs / phase.folder).items():
+            wall = json.loads((run / "summary.json").read_text()).get("wall_time_s")
+            if isinstance(wall, (int, float)) and wall > 0:
+                times.setdefault(depth, []).append(float(wall))
+    return {d: statistics.median(t) for d, t in times.items()}
+
+
+def _hours(train: dict[int, int], seconds: dict[int, float]) -> str:
+    if any(n and d not in seconds for d, n in train.items()):
+        return ""  # a depth with runs to train and no finished run to time
+    return f"{sum(n * seconds.get(d, 0.0) for d, n in train.items()) / 3600:.1f}"
+
+
+def rows(runs: Path = RUNS) -> list[dict[str, str]]:
+    """One row per phase folder, then ``all``: the totals, and the median run time per depth the cost uses."""
+    best, seconds, out = best_arm(runs), run_seconds(runs), []
+    total, train_total = {"finished": 0, "planned": 0, "to_copy": 0}, {d: 0 for d in DEPTHS}
+    for phase in PHASES:
+        done = finished(runs / phase.folder)
+        plan = planned(phase, runs, best)
+        left = [r for r in plan if r not in done]
+        copies = [r for r in left if copy_source(phase, r, runs)]
+        train = {d: sum(1 for r in left if r[1] == d and r not in copies) for d in DEPTHS}
+        n_done = sum(1 for r in plan if r in done)
+        if phase.cells[0][0] == BEST and best is None:
+            status = "waits for phase 2 to choose its arm"
+        else:
+            status = "complete" if not left else "under way" if n_done else "not started"
+        what = phase.what.replace("the best arm", f"the best arm ({BUDGET_NAMES[best][1]})") if best else phase.what
+        out.append({"phase": phase.phase, "runs": phase.folder, "what": what, "finished": str(n_done),
+                    "planned": str(len(plan)), "to_copy": str(len(copies)),
+                    **{f"train_{d}": str(train[d]) for d in DEPTHS}, "hours": _hours(train, seconds),
+                    "status": status})
+        for key, n in (("finished", n_done), ("planned", len(plan)), ("to_copy", len(copies))):
+            total[key] += n
+        for d in DEPTHS:
+            train_total[d] += train[d]
+    per_run = ", ".join(f"{seconds[d]:.0f} s at {d}" for d in DEPTHS if d in seconds)
+    out.append({"phase": "all", "runs": "depth_budget*", "what": "every phase" + (
+        f"; a run takes about {per_run} blocks (the median wall time of the finished runs)" if per_run else ""),
+        "finished": str(total["finished"]), "planned": str(total["planned"]), "to_copy": str(total["to_copy"]),
+        **{f"train_{d}": str(train_total[d]) for d in DEPTHS}, "hours": _hours(train_total, seconds),
+        "status": "complete" if total["finished"] == total["planned"] else "under way"})
+    return out
+
+
+def table(runs: Path = RUNS) -> str:
+    """The progress CSV text."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows(runs))
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    return csv_main(argv, description=__doc__.split("\n")[0], table=table, runs=RUNS, out=OUT, what="progress CSV",
+                    script="budget_progress.py", written=lambda text: f"{text.count(chr(10)) - 1} rows")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
