@@ -36,13 +36,13 @@ from pathlib import Path
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # verdicts and records_csv beside this script
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy_rank import GRID  # noqa: E402  (phase 1's --lrs, section 10's design)
 from records_csv import csv_main  # noqa: E402
 from verdicts import BUDGET_ARMS, BUDGET_NAMES, BUDGET_SEEDS, NoRuns, best_arm, best_lr  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "runs"
 OUT = ROOT / "docs" / "results" / "depth_budget" / "progress.csv"
-GRID = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # phase 1's --lrs (section 10's design)
 DEPTHS = (6, 12, 24)
 WORTSMAN_SEEDS = 3
 BEST = "best"  # a phase 4 cell's arm: the one verdicts.best_arm chooses when phase 2 ends
