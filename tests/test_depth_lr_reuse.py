@@ -370,6 +370,39 @@ def test_a_grid_kept_without_weights_stands_in_when_lr_sensitivity_diagnosed_it(
     assert float(rows[0]["mean_similarity"]) == pytest.approx(similarity)  # read back from the record
 
 
+def test_a_study_reads_back_a_run_kept_without_weights_or_diagnostics_and_writes_its_table(tmp_path, trained,
+                                                                                           capsys):
+    """A finished run restored from its committed record (no weights) and kept before its diagnostics were written
+    cannot be diagnosed: the study still writes its table, that run's row with its accuracy and empty diagnostic
+    columns, the run named in one line on stderr; a run that kept its diagnostics.json is read back from it."""
+    import json
+
+    from vitlab.cli import main
+
+    out = tmp_path / "d"
+    argv = _argv(out, "--seeds", "2")
+    assert main(argv) == 0
+    first = {r["run"]: r for r in read_rows(out / "results.csv")}
+    for run in ("vit_depth1_seed0", "vit_depth1_seed1"):  # what scripts/findings_tables.py --keep-runs commits
+        for name in ("model.safetensors", "state.pt", "manifest.json"):
+            (out / run / name).unlink()
+    assert json.loads((out / "vit_depth1_seed0" / "diagnostics.json").read_text())["num_images"] == 4
+    (out / "vit_depth1_seed1" / "diagnostics.json").unlink()
+    capsys.readouterr()
+    trained.clear()
+    assert main(argv) == 0
+    assert trained == []  # both read back
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if "without its weights" in x]
+    assert line == ["depth study: 1 finished run(s) without its weights or diagnostics.json for 4 images at "
+                    "threshold 0.9: vit_depth1_seed1; their diagnostic columns are empty"], err
+    rows = {r["run"]: r for r in read_rows(out / "results.csv")}
+    assert rows["vit_depth1_seed1"]["test_acc"] == first["vit_depth1_seed1"]["test_acc"]
+    assert rows["vit_depth1_seed1"]["mean_similarity"] in ("", "nan"), rows["vit_depth1_seed1"]
+    assert rows["vit_depth1_seed0"]["mean_similarity"] == first["vit_depth1_seed0"]["mean_similarity"] != ""
+    assert not (out / "vit_depth1_seed1" / "diagnostics.json").exists()  # nothing made up for it
+
+
 def test_kept_diagnostics_are_read_back_only_at_their_settings(tmp_path):
     """The one rule both diagnose() and --lr-from/--reuse use to read a run's diagnostics.json instead of its
     weights: the same threshold and number of images; ``current`` also wants this version."""

@@ -496,6 +496,16 @@ def _has_diagnostics(run_dir: Path, settings: tuple[float, int] | None) -> bool:
     return settings is not None and kept_diagnostics(run_dir, *settings, current=True) is not None
 
 
+def can_diagnose(run_dir: Path, config: DepthStudyConfig, num_images: int) -> bool:
+    """Whether :func:`~vitlab.analysis.depth_diagnostics.diagnose` can diagnose the finished run ``run_dir``: it holds
+    its weights, or (without ``--analyze-runs``, whose full report needs them) the diagnostics made with the study's
+    threshold on ``num_images`` images, as a run record kept without weights does when they were written before."""
+    from vitlab.experiments.record import WEIGHTS
+
+    return (run_dir / WEIGHTS).is_file() or (
+        not config.analyze_runs and _has_diagnostics(run_dir, (config.threshold, num_images)))
+
+
 def diagnostic_images(dataset: str, data_dir: Any, model: Any, num_images: int) -> tuple:
     """The images the depth study diagnoses every run on, as :func:`~vitlab.analysis.depth_diagnostics.diagnose`
     takes them: the first ``num_images`` test images of ``dataset`` at ``model``'s size and channels, their labels,
@@ -614,9 +624,18 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     n = len(images[0])
     rows, ratio_rows, layer_rows, deepest, probe_layers, probe_epochs = [], [], [], {}, [], []
     validation = has_validation(summary for _, summary in pairs)
+    # a run record kept without its weights (restored from a repository) is diagnosed only from the diagnostics it
+    # kept; without them its diagnostic columns stay empty, its accuracies and per-epoch probes are still read
+    undiagnosable = {spec.name for spec, summary in pairs
+                     if not failed(summary) and not can_diagnose(out / spec.name, config, n)}
+    if undiagnosable:
+        needs = "its weights (--analyze-runs)" if config.analyze_runs else (
+            f"its weights or diagnostics.json for {n} images at threshold {config.threshold:g}")
+        print(f"depth study: {len(undiagnosable)} finished run(s) without {needs}: "
+              f"{', '.join(sorted(undiagnosable))}; their diagnostic columns are empty", file=sys.stderr, flush=True)
     for i, (spec, summary) in enumerate(pairs):
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
-        diag = NO_DIAGNOSTICS if failed(summary) else diagnose(
+        diag = NO_DIAGNOSTICS if failed(summary) or spec.name in undiagnosable else diagnose(
             out / spec.name, *images, threshold=config.threshold, full_report=config.analyze_runs)
         rows.append(result_row(spec, summary, diag, validation))
         ratios, layers = per_layer_rows(spec, diag)
