@@ -25,8 +25,6 @@ finished runs at that depth (each trained with two workers on a 2-core machine: 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 import statistics
@@ -37,7 +35,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:  # verdicts and records_csv beside this script
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proxy_rank import GRID  # noqa: E402  (phase 1's --lrs, section 10's design)
-from records_csv import csv_main  # noqa: E402
+from records_csv import csv_main, csv_text  # noqa: E402
 from verdicts import BUDGET_ARMS, BUDGET_NAMES, BUDGET_SEEDS, NoRuns, best_arm, best_lr  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,21 +88,39 @@ def finished(folder: Path) -> dict[tuple[str, int, float | None, int], Path]:
     return out
 
 
-def _best(runs: Path, arm: str, depth: int) -> float | None:
-    """The cell's best rate once its grid has finished every rate of :data:`GRID` (until then it may move)."""
-    rates = {lr for (a, d, lr, _) in finished(runs / "depth_budget_grid") if (a, d) == (arm, depth)}
-    if not set(GRID) <= rates:
-        return None
-    try:
-        return best_lr(runs / "depth_budget_grid", f"{arm}_depth{depth}")
-    except (NoRuns, ValueError):
-        return None
+class Records:
+    """The kept run records under ``runs``: each phase folder's finished runs and each cell's best rate, read once
+    per table (a table asks for them once per planned run)."""
+
+    def __init__(self, runs: Path) -> None:
+        self.runs = runs
+        self._finished: dict[str, dict[tuple[str, int, float | None, int], Path]] = {}
+        self._best: dict[tuple[str, int], float | None] = {}
+
+    def finished(self, folder: str) -> dict[tuple[str, int, float | None, int], Path]:
+        """:func:`finished` of the phase folder ``folder``."""
+        if folder not in self._finished:
+            self._finished[folder] = finished(self.runs / folder)
+        return self._finished[folder]
+
+    def best(self, arm: str, depth: int) -> float | None:
+        """The cell's best rate once its grid has finished every rate of :data:`GRID` (until then it may move)."""
+        if (arm, depth) not in self._best:
+            rates = {lr for (a, d, lr, _) in self.finished("depth_budget_grid") if (a, d) == (arm, depth)}
+            rate = None
+            if set(GRID) <= rates:
+                try:
+                    rate = best_lr(self.runs / "depth_budget_grid", f"{arm}_depth{depth}")
+                except (NoRuns, ValueError):
+                    pass
+            self._best[(arm, depth)] = rate
+        return self._best[(arm, depth)]
 
 
-def planned(phase: Phase, runs: Path, best: str | None) -> list[tuple[str, int, float | None, int]]:
+def planned(phase: Phase, records: Records, best: str | None) -> list[tuple[str, int, float | None, int]]:
     """The runs ``phase`` plans, as ``(arm, depth, lr or None, seed)``; a phase 4 cell's arm is ``best`` (or
     :data:`BEST` while none is chosen)."""
-    done = finished(runs / phase.folder)
+    done = records.finished(phase.folder)
     out = []
     for arm, depth in phase.cells:
         arm = (best or BEST) if arm == BEST else arm
@@ -116,28 +132,28 @@ def planned(phase: Phase, runs: Path, best: str | None) -> list[tuple[str, int, 
     return out
 
 
-def copy_source(phase: Phase, run: tuple[str, int, float | None, int], runs: Path) -> bool:
+def copy_source(phase: Phase, run: tuple[str, int, float | None, int], records: Records) -> bool:
     """Whether the study copies ``run`` from another phase's finished record instead of training it (seed 0 of phase
     2 from the grid at the cell's best rate, of phase 5 at the grid's own rates; phase 3's cells whose own best rate
     is the ViT's, from phase 2)."""
     arm, depth, lr, seed = run
-    grid = finished(runs / "depth_budget_grid")
+    grid = records.finished("depth_budget_grid")
     if phase.phase == "2" and seed == 0:
-        rate = _best(runs, arm, depth)
+        rate = records.best(arm, depth)
         return rate is not None and (arm, depth, rate, 0) in grid
     if phase.phase == "5" and seed == 0:  # at the grid's own rates only (scripts/depth_budget.sh)
         return lr in GRID and (arm, depth, lr, 0) in grid
     if phase.phase == "3":
-        own, vit = _best(runs, arm, depth), _best(runs, "vit", depth)
-        return own is not None and own == vit and (arm, depth, None, seed) in finished(runs / "depth_budget")
+        own, vit = records.best(arm, depth), records.best("vit", depth)
+        return own is not None and own == vit and (arm, depth, None, seed) in records.finished("depth_budget")
     return False
 
 
-def run_seconds(runs: Path) -> dict[int, float]:
+def run_seconds(records: Records) -> dict[int, float]:
     """``{depth: median wall_time_s}`` over the finished runs of every phase's folder that record it."""
     times: dict[int, list[float]] = {}
     for phase in PHASES:
-        for (_, depth, _, _), run in finished(runs / phase.folder).items():
+        for (_, depth, _, _), run in records.finished(phase.folder).items():
             wall = json.loads((run / "summary.json").read_text()).get("wall_time_s")
             if isinstance(wall, (int, float)) and wall > 0:
                 times.setdefault(depth, []).append(float(wall))
@@ -152,13 +168,14 @@ def _hours(train: dict[int, int], seconds: dict[int, float]) -> str:
 
 def rows(runs: Path = RUNS) -> list[dict[str, str]]:
     """One row per phase folder, then ``all``: the totals, and the median run time per depth the cost uses."""
-    best, seconds, out = best_arm(runs), run_seconds(runs), []
+    records = Records(runs)
+    best, seconds, out = best_arm(runs), run_seconds(records), []
     total, train_total = {"finished": 0, "planned": 0, "to_copy": 0}, {d: 0 for d in DEPTHS}
     for phase in PHASES:
-        done = finished(runs / phase.folder)
-        plan = planned(phase, runs, best)
+        done = records.finished(phase.folder)
+        plan = planned(phase, records, best)
         left = [r for r in plan if r not in done]
-        copies = [r for r in left if copy_source(phase, r, runs)]
+        copies = [r for r in left if copy_source(phase, r, records)]
         train = {d: sum(1 for r in left if r[1] == d and r not in copies) for d in DEPTHS}
         n_done = sum(1 for r in plan if r in done)
         if phase.cells[0][0] == BEST and best is None:
@@ -185,11 +202,7 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
 
 def table(runs: Path = RUNS) -> str:
     """The progress CSV text."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows(runs))
-    return buf.getvalue()
+    return csv_text(COLUMNS, rows(runs))
 
 
 def main(argv: list[str] | None = None) -> int:

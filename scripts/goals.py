@@ -13,8 +13,6 @@ recipe is generated from this CSV (scripts/findings_tables.py README.md), so it 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import statistics
 import sys
@@ -26,7 +24,7 @@ from vitlab.experiments import stats
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records_csv import csv_main  # noqa: E402
+from records_csv import csv_main, csv_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -78,13 +76,9 @@ def evaluate(goal: Goal, results: Path = RESULTS) -> dict[str, str]:
 
 
 def table(results: Path = RESULTS) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        w.writerows(evaluate(g, results) for g in GOALS)
-    return buf.getvalue()
+        return csv_text(COLUMNS, [evaluate(g, results) for g in GOALS])
 
 
 def main(argv: list[str] | None = None) -> int:

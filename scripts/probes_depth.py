@@ -27,7 +27,7 @@ from typing import Any
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # verdicts and records_csv beside this script
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records_csv import csv_main  # noqa: E402
+from records_csv import csv_main, csv_text  # noqa: E402
 from verdicts import BUDGET_ARMS, BUDGET_NAMES, BUDGET_SEEDS, NoRuns, run_dirs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,11 +91,7 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
 
 def table(runs: Path = RUNS) -> str:
     """The probes CSV text."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows(runs))
-    return buf.getvalue()
+    return csv_text(COLUMNS, rows(runs))
 
 
 def figure(text: str, path: Path = FIGURE) -> Path | None:

@@ -25,7 +25,6 @@ constant has no rank correlation and is left out of the percentiles (the method 
 from __future__ import annotations
 
 import csv
-import io
 import statistics
 import sys
 import warnings
@@ -35,7 +34,7 @@ import numpy as np
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # verdicts and records_csv beside this script
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records_csv import csv_main  # noqa: E402
+from records_csv import csv_main, csv_text  # noqa: E402
 from verdicts import BUDGET_SEEDS, NoRuns, arm_values, best_lr, study_losses  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,11 +156,7 @@ def rows(runs: Path = RUNS, results: Path = RESULTS) -> list[dict[str, str]]:
 
 def table(runs: Path = RUNS, results: Path = RESULTS) -> str:
     """The proxy CSV text."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows(runs, results))
-    return buf.getvalue()
+    return csv_text(COLUMNS, rows(runs, results))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,8 +39,6 @@ the default as an arm, and ``note`` names the studies docs/findings.md says are 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import re
@@ -53,7 +51,7 @@ from typing import Any
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # records_csv beside this script, also loaded by path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records_csv import csv_main  # noqa: E402
+from records_csv import csv_main, csv_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "runs"
@@ -367,11 +365,7 @@ def rows(runs: Path = RUNS, studies: tuple[Study, ...] = STUDIES, default_arm: s
 
 def table(runs: Path = RUNS, studies: tuple[Study, ...] = STUDIES, default_arm: str = DEFAULT_ARM) -> str:
     """The CSV text."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n", restval="")
-    w.writeheader()
-    w.writerows(rows(runs, studies, default_arm))
-    return buf.getvalue()
+    return csv_text(COLUMNS, rows(runs, studies, default_arm), restval="")
 
 
 def main(argv: list[str] | None = None) -> int:

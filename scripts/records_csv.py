@@ -1,13 +1,26 @@
 """The command line of the scripts that compute one CSV from the committed run records (``verdicts.py``,
-``recipe_table.py``): write the CSV (through a temporary file, so a failed run leaves the old one whole), or with
-``--check`` exit 1 when the committed CSV differs from what the records give."""
+``recipe_table.py``, ``proxy_rank.py``, ...): write the CSV (through a temporary file, so a failed run leaves the old
+one whole), or with ``--check`` exit 1 when the committed CSV differs from what the records give; :func:`csv_text`
+is the text each of them writes."""
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+
+def csv_text(columns: list[str], rows: Iterable[dict], **options: str) -> str:
+    """The CSV text of ``rows`` under the header ``columns`` (``\\n`` line ends; ``options`` such as ``restval`` go
+    to :class:`csv.DictWriter`)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", **options)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 def csv_main(argv: list[str] | None, *, description: str, table: Callable[[Path], str], runs: Path, out: Path,

@@ -35,8 +35,6 @@ alone; ``> 50`` when even 50 would not. Every row of sections 7 and 8 (short pro
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import re
@@ -50,7 +48,7 @@ from vitlab.experiments import stats, verdict
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # records_csv beside this script, also loaded by path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records_csv import csv_main  # noqa: E402
+from records_csv import csv_main, csv_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "runs"
@@ -501,13 +499,9 @@ def rows(claims: tuple[Claim, ...] | list[Claim] = CLAIMS, runs: Path = RUNS) ->
 
 def table(runs: Path = RUNS) -> str:
     """The verdicts CSV text."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
     with warnings.catch_warnings():  # scipy warns on arms that are nearly constant (the diverged runs at 10 %)
         warnings.simplefilter("ignore", RuntimeWarning)
-        w.writerows(rows(CLAIMS, runs))
-    return buf.getvalue()
+        return csv_text(COLUMNS, rows(CLAIMS, runs))
 
 
 def main(argv: list[str] | None = None) -> int:
