@@ -6,7 +6,8 @@
 #
 #   bash scripts/depth_budget.sh            # all phases, two worker processes of one thread each
 #   WORKERS=1 bash scripts/depth_budget.sh  # one worker (leaves a core free for other work)
-#   PHASES="2:6,12 3" bash scripts/depth_budget.sh   # some phases; PHASE:DEPTHS limits phase 1, 2 or 3 to depths
+#   PHASES="2:6,12 3" bash scripts/depth_budget.sh   # some phases; PHASE:DEPTHS limits phase 1, 2, 3 or 5 to depths
+#                                           # (5:6 trains phase 5's short runs first, to end a session on them)
 #   PHASES="1:24:vit,qknorm 2:24:vit,qknorm" ...     # PHASE:DEPTHS:ARMS limits phase 1 or 2 to some arms too;
 #                                           # after a phase 1 or 2 step over some cells, the phase's tables are
 #                                           # rewritten from every cell finished so far (--finished-only)
@@ -77,12 +78,18 @@ grid_table() {  # phases 2-4 read the grid's rates from its sensitivity.csv (--l
 }
 for item in $PHASES; do
   IFS=: read -r phase depths arms extra <<< "$item"
-  depths=${depths:-6,12,24}
-  part=  # a phase 1 or 2 step over some cells rewrites its folder's tables with those cells only: then rewrite them all
-  { [ -n "$arms" ] || [ "$depths" != 6,12,24 ]; } && part=1
+  whole=6,12,24  # the depths of the phase's whole table
+  [ "$phase" = 5 ] && whole=6,24
+  depths=${depths:-$whole}
+  part=  # a phase 1, 2 or 5 step over some cells rewrites its folder's tables with those cells only: then rewrite them
+  { [ -n "$arms" ] || [ "$depths" != "$whole" ]; } && part=1
   for d in ${depths//,/ }; do  # a step at other depths (the GPU script's smoke test: 1 block) has no whole table
-    case $d in 6|12|24) ;; *) part= ;; esac
+    case ,$whole, in *,$d,*) ;; *) part= ;; esac
   done
+  if [ "$phase" = 5 ] && [ -z "$part" ] && [ "$depths" != "$whole" ]; then
+    echo "depth_budget.sh: $item: phase 5 runs at 6 and 24 blocks (5:6, 5:24 or 5)" >&2
+    exit 2
+  fi
   if [ -n "$extra" ] || { [ -n "$arms" ] && [ "$phase" != 1 ] && [ "$phase" != 2 ]; }; then
     echo "depth_budget.sh: $item: only phases 1 and 2 take arms (PHASE:DEPTHS:ARMS, e.g. 1:24:vit,qknorm)" >&2
     exit 2
@@ -131,8 +138,12 @@ print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
         cp -r "$run" "$OUT/depth_budget_wortsman/.$(basename "$run").cp" && \
         mv "$OUT/depth_budget_wortsman/.$(basename "$run").cp" "$OUT/depth_budget_wortsman/$(basename "$run")"
     done
-    step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths 6,24 --variants vit,qknorm "${RATES[@]}" --seeds 3 \
+    step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$depths" --variants vit,qknorm "${RATES[@]}" --seeds 3 \
         --output "$OUT/depth_budget_wortsman"
+    if [ -n "$part" ] && [ -z "${DRY_RUN:-}" ]; then
+      step "${VITLAB[@]}" lr-sensitivity "${COMMON[@]}" --depths "$whole" --variants vit,qknorm "${RATES[@]}" \
+          --seeds 3 --finished-only --output "$OUT/depth_budget_wortsman"
+    fi
     if [ -n "${DRY_RUN:-}" ]; then
       found=0
       for run in "${seed0[@]}"; do
@@ -141,8 +152,8 @@ print(verdicts.best_arm(Path(sys.argv[1])) or '')" "$OUT")
       echo "depth_budget.sh: dry run: phase 5 copies phase 1's seed-0 runs of these cells ($found there now) before" \
            "it trains; the plan above counts those not copied yet as runs to train" >&2
     fi ;;
-  *) echo "depth_budget.sh: unknown phase $item; choose from 1 2 3 4 5 (1-3 may name depths: 2:6,12; 1-2 arms too:" \
-          "1:24:vit,qknorm)" >&2
+  *) echo "depth_budget.sh: unknown phase $item; choose from 1 2 3 4 5 (1-3 and 5 may name depths: 2:6,12, 5:6;" \
+          "1-2 arms too: 1:24:vit,qknorm)" >&2
      exit 2 ;;
   esac
 done

@@ -128,6 +128,27 @@ def test_a_phase_may_name_its_depths(tmp_path):
         ("depth-study", "12,24", False), ("depth-study", "6,12,24", False)]
 
 
+def test_phase_5_may_name_its_depths_and_then_rewrites_its_whole_table(tmp_path):
+    """5:6 trains Wortsman et al.'s 6-block cells (short runs, to end a session on), then the phase's table is rewritten
+    from every cell finished so far (--finished-only: nothing trains); a depth phase 5 does not run is refused."""
+    wortsman = str(tmp_path / "runs" / "depth_budget_wortsman")
+    done, calls = _run(tmp_path, "5:6 5")
+    assert done.returncode == 0, done.stderr
+    assert [(a[0], _option(a, "--depths"), _option(a, "--seeds"), "--finished-only" in a, _option(a, "--output"))
+            for a in calls] == [("lr-sensitivity", "6", "3", False, wortsman),
+                                ("lr-sensitivity", "6,24", "3", True, wortsman),
+                                ("lr-sensitivity", "6,24", "3", False, wortsman)]
+    assert all(_option(a, "--variants") == "vit,qknorm" and _option(a, "--bracket") == "3" for a in calls)
+    (tmp_path / "dry").mkdir()
+    done, calls = _run(tmp_path / "dry", "5:24", DRY_RUN="1")  # a dry run rewrites nothing
+    assert done.returncode == 0 and [(_option(a, "--depths"), "--dry-run" in a) for a in calls] == [("24", True)]
+    for item in ("5:12", "5:1"):
+        (tmp_path / item[2:]).mkdir()
+        done, calls = _run(tmp_path / item[2:], item)
+        assert done.returncode == 2 and calls == [], item
+        assert f"{item}: phase 5 runs at 6 and 24 blocks" in done.stderr, done.stderr
+
+
 def test_restored_records_get_the_grid_table_back_before_a_phase_reads_its_rates(tmp_path):
     """On a fresh machine `--restore-runs` brings back the grid's run records but not its sensitivity.csv, which
     phases 2-4 read (--lr-from): the script writes it from the finished runs first (--finished-only: nothing trains),
