@@ -393,8 +393,8 @@ def test_a_study_reads_back_a_run_kept_without_weights_or_diagnostics_and_writes
     assert main(argv) == 0
     assert trained == []  # both read back
     err = capsys.readouterr().err
-    line = [x for x in err.splitlines() if "without its weights" in x]
-    assert line == ["depth study: 1 finished run(s) without its weights or diagnostics.json for 4 images at "
+    line = [x for x in err.splitlines() if "finished run(s)" in x]
+    assert line == ["depth study: 1 finished run(s) hold neither weights nor a diagnostics.json for 4 images at "
                     "threshold 0.9: vit_depth1_seed1; their diagnostic columns are empty"], err
     rows = {r["run"]: r for r in read_rows(out / "results.csv")}
     assert rows["vit_depth1_seed1"]["test_acc"] == first["vit_depth1_seed1"]["test_acc"]

@@ -629,9 +629,9 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     undiagnosable = {spec.name for spec, summary in pairs
                      if not failed(summary) and not can_diagnose(out / spec.name, config, n)}
     if undiagnosable:
-        needs = "its weights (--analyze-runs)" if config.analyze_runs else (
-            f"its weights or diagnostics.json for {n} images at threshold {config.threshold:g}")
-        print(f"depth study: {len(undiagnosable)} finished run(s) without {needs}: "
+        needs = "no weights (--analyze-runs needs them)" if config.analyze_runs else (
+            f"neither weights nor a diagnostics.json for {n} images at threshold {config.threshold:g}")
+        print(f"depth study: {len(undiagnosable)} finished run(s) hold {needs}: "
               f"{', '.join(sorted(undiagnosable))}; their diagnostic columns are empty", file=sys.stderr, flush=True)
     for i, (spec, summary) in enumerate(pairs):
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
