@@ -462,7 +462,7 @@ def grid_problem(grid_run: Path, spec: RunSpec, out: Path,
 
     if grid_run.is_symlink() or not grid_run.is_dir() or not (grid_run / SUMMARY).is_file():
         return "it has not finished"
-    if not (grid_run / WEIGHTS).is_file() and not _has_diagnostics(grid_run, diagnostics):
+    if not can_diagnose(grid_run, diagnostics):
         made = "" if diagnostics is None else (f" and no diagnostics.json for {diagnostics[1]} images at threshold "
                                                f"{diagnostics[0]:g} (`vitlab lr-sensitivity --diagnose` writes it)")
         return f"it holds no {WEIGHTS} (a run record kept without weights), which the diagnostics read{made}"
@@ -496,14 +496,14 @@ def _has_diagnostics(run_dir: Path, settings: tuple[float, int] | None) -> bool:
     return settings is not None and kept_diagnostics(run_dir, *settings, current=True) is not None
 
 
-def can_diagnose(run_dir: Path, config: DepthStudyConfig, num_images: int) -> bool:
+def can_diagnose(run_dir: Path, settings: tuple[float, int] | None) -> bool:
     """Whether :func:`~vitlab.analysis.depth_diagnostics.diagnose` can diagnose the finished run ``run_dir``: it holds
-    its weights, or (without ``--analyze-runs``, whose full report needs them) the diagnostics made with the study's
-    threshold on ``num_images`` images, as a run record kept without weights does when they were written before."""
+    its weights, or the diagnostics made at ``settings`` (threshold, number of images), as a run record kept without
+    weights does when they were written before; ``settings`` None (``--analyze-runs``, whose full report reads the
+    weights) wants the weights."""
     from vitlab.experiments.record import WEIGHTS
 
-    return (run_dir / WEIGHTS).is_file() or (
-        not config.analyze_runs and _has_diagnostics(run_dir, (config.threshold, num_images)))
+    return (run_dir / WEIGHTS).is_file() or _has_diagnostics(run_dir, settings)
 
 
 def diagnostic_images(dataset: str, data_dir: Any, model: Any, num_images: int) -> tuple:
@@ -525,14 +525,12 @@ def diagnose_runs(pairs: list[tuple[RunSpec, dict]], out: Path, dataset: str, da
     (:func:`grid_problem`). Returns the runs left without diagnostics (failed, or restored without weights)."""
     import sys
 
-    from vitlab.experiments.record import WEIGHTS
-
     images = diagnostic_images(dataset, data_dir, model, num_images)
     n = len(images[0])
     left = []
     for i, (spec, summary) in enumerate(pairs):
         run_dir = out / spec.name
-        if failed(summary) or not ((run_dir / WEIGHTS).is_file() or _has_diagnostics(run_dir, (threshold, n))):
+        if failed(summary) or not can_diagnose(run_dir, (threshold, n)):
             left.append(spec.name)
             continue
         print(f"[{i + 1}/{len(pairs)}] diagnostics of {spec.name}", file=sys.stderr, flush=True)
@@ -627,7 +625,8 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
     # a run record kept without its weights (restored from a repository) is diagnosed only from the diagnostics it
     # kept; without them its diagnostic columns stay empty, its accuracies and per-epoch probes are still read
     undiagnosable = {spec.name for spec, summary in pairs
-                     if not failed(summary) and not can_diagnose(out / spec.name, config, n)}
+                     if not failed(summary) and not can_diagnose(
+                         out / spec.name, None if config.analyze_runs else (config.threshold, n))}
     if undiagnosable:
         needs = "no weights (--analyze-runs needs them)" if config.analyze_runs else (
             f"neither weights nor a diagnostics.json for {n} images at threshold {config.threshold:g}")
