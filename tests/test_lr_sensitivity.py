@@ -65,9 +65,11 @@ def test_sensitivity_is_the_mean_gap_to_the_best_rate_over_the_grid():
     # the mean over seeds of each seed's sensitivity (the seed is the unit): seed 0 0.8/0.3/L0, seed 1 0.6/0.5/L0
     seed0, seed1 = (0.8 + 0.3 + L0) / 3 - 0.3, (0.6 + 0.5 + L0) / 3 - 0.5
     assert vit["lr_sensitivity"] == pytest.approx((seed0 + seed1) / 2)
+    assert vit["seeds"] == 2 and vit["lr_sensitivity_std"] == pytest.approx(abs(seed0 - seed1) / math.sqrt(2))
     assert lr_sensitivity({1e-3: 0.8, 3e-3: 0.3, 1e-2: L0}) == pytest.approx(seed0)
     assert vit["divergence_rate"] == pytest.approx(1 / 6) and vit["runs"] == 6
     assert math.isnan(sens["ls"]["lr_sensitivity"]) and sens["ls"]["lrs"] == 2
+    assert sens["ls"]["seeds"] == 0 and math.isnan(sens["ls"]["lr_sensitivity_std"])
 
 
 def _study(tmp, *extra):

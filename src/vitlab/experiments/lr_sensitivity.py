@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,9 +171,10 @@ def sensitivity(lr_rows: list[dict[str, Any]], lrs: list[float],
     rate added beyond its edge), the best learning rate over them (lowest mean capped validation loss, ties to the
     lower rate), whether it is ``bracketed`` (interior: a rate on either side is worse), its loss, validation and
     test accuracy, the LR sensitivity over the grid (the mean over seeds of each seed's :func:`lr_sensitivity`,
-    ``per_seed`` from :func:`seed_sensitivities`), the share of runs that diverged, and the largest attention logit
-    of any run. A (variant, depth) with no seed that finished every learning rate of its curve (runs not finished
-    yet) gets NaN sensitivity: the mean would be over another range."""
+    ``per_seed`` from :func:`seed_sensitivities`; ``seeds``: how many seeds it counts, those that finished every rate
+    of the cell's curve; ``lr_sensitivity_std``: their sample standard deviation, NaN below two), the share of runs
+    that diverged, and the largest attention logit of any run. A (variant, depth) with no seed that finished every
+    learning rate of its curve (runs not finished yet) gets NaN sensitivity: the mean would be over another range."""
     groups: dict[tuple, list[dict]] = {}
     for a in lr_rows:
         groups.setdefault((a["variant"], a["depth"]), []).append(a)
@@ -187,7 +189,8 @@ def sensitivity(lr_rows: list[dict[str, Any]], lrs: list[float],
             "variant": variant, "depth": depth, "lrs": len(members), "lr_low": low, "lr_high": high, "runs": runs,
             "best_lr": best["lr"], "bracketed": low < best["lr"] < high, "best_val_loss": best["capped_loss_mean"],
             "best_val_acc": best["val_acc_mean"], "test_acc_at_best_lr": best["test_acc_mean"],
-            "lr_sensitivity": sum(seeds.values()) / len(seeds) if seeds else math.nan,
+            "lr_sensitivity": sum(seeds.values()) / len(seeds) if seeds else math.nan, "seeds": len(seeds),
+            "lr_sensitivity_std": statistics.stdev(seeds.values()) if len(seeds) > 1 else math.nan,
             "divergence_rate": sum(a["diverged"] for a in members) / runs if runs else math.nan,
             "max_logit": max(logits) if logits else math.nan,
         })
@@ -532,7 +535,8 @@ def write_study(out: Path, rows: list[dict], logits: list[dict], meta: dict[str,
                 f"{meta['uniform_loss']:.3f}, the dashed line).", ["loss_vs_lr.png"], ["summary.csv"]),
         Section("LR sensitivity, best loss and divergence against depth", "LR sensitivity (Wortsman et al. 2023), "
                 "per seed, then the mean over seeds: the mean over the grid (--lrs) of min(loss, ln(classes)) minus "
-                "the best loss over every rate of the cell (the grid and any rate --bracket added beyond its edge); "
+                "the best loss over every rate of the cell (the grid and any rate --bracket added beyond its edge), "
+                "with its sample standard deviation over the seeds counted (seeds: those that finished every rate); "
                 "the best learning rate is chosen on the validation loss, and the test accuracy is the one at it; "
                 "bracketed: the best rate is interior of the cell's rates (lr_low..lr_high).",
                 ["sensitivity_vs_depth.png"], ["sensitivity.csv"]),
