@@ -172,6 +172,22 @@ def test_a_grid_run_kept_without_weights_is_not_reused(grid, tmp_path, capsys):
     assert f"not reused from {kept / 'vit_depth1_lr0.003_seed0'}: it holds no model.safetensors" in err, err
 
 
+def test_a_kept_record_of_other_settings_is_named_for_the_settings_not_the_weights(grid, tmp_path, capsys):
+    # a drop-path control beside a grid run trained without drop path: the settings are why it can never stand in
+    kept = tmp_path / "grid"
+    shutil.copytree(grid, kept)
+    for name in ("model.safetensors", "state.pt", "manifest.json"):
+        (kept / "vit_depth1_lr0.003_seed0" / name).unlink()
+    config = _config(kept, tmp_path / "d")
+    config.run = config.run.replace(drop_path=0.1)
+    capsys.readouterr()
+    assert depth_run_specs(config)[0].source is None
+    err = capsys.readouterr().err
+    assert f"not reused from {kept / 'vit_depth1_lr0.003_seed0'}: it was trained with other settings (drop_path 0.0 " \
+           "there, 0.1 now" in err, err
+    assert "model.safetensors" not in err, err
+
+
 def test_other_epochs_train_the_run(grid, tmp_path, trained):
     from vitlab.experiments.runs import run_study
 

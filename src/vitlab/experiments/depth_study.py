@@ -446,11 +446,11 @@ def grid_run_name(variant: str, depth: int, lr: float, seed: int) -> str:
 
 def grid_problem(grid_run: Path, spec: RunSpec, out: Path,
                  diagnostics: tuple[float, int] | None = None) -> str | None:
-    """Why the finished run ``grid_run`` of a learning-rate study cannot stand in for ``spec`` (None: it can): it has
-    not finished, it holds no weights (a kept record: the diagnostics need them) and no diagnostics made with the
-    depth study's settings (``diagnostics``: its threshold and number of images; ``vitlab lr-sensitivity
-    --diagnose`` writes them), its record does not verify (:mod:`vitlab.experiments.record`), or a setting that
-    matters differs.
+    """Why the finished run ``grid_run`` of a learning-rate study cannot stand in for ``spec`` (None: it can), the first
+    that applies of: it has not finished, a setting that matters differs, it holds no weights (a kept record: the
+    diagnostics need them) and no diagnostics made with the depth study's settings (``diagnostics``: its threshold
+    and number of images; ``vitlab lr-sensitivity --diagnose`` writes them), or its record does not verify
+    (:mod:`vitlab.experiments.record`).
     Settings are compared as the run would train them (:func:`vitlab.train.plan.plan_run`: options left to the
     recipe resolved, the model as built), so an option given to one study and not the other is a difference too;
     the result-neutral options (:data:`vitlab.train.config.RESULT_NEUTRAL`: output, threads, device...) are not."""
@@ -462,25 +462,30 @@ def grid_problem(grid_run: Path, spec: RunSpec, out: Path,
 
     if grid_run.is_symlink() or not grid_run.is_dir() or not (grid_run / SUMMARY).is_file():
         return "it has not finished"
+    # other settings come first: a run that could never stand in (a drop-path control beside a grid run without drop
+    # path) is named for that, not for the weights a kept record lacks (its config.json is read all the same)
+    try:
+        config, unverified = verified_config(grid_run), None
+    except CheckpointError as exc:
+        config, unverified = None, f"it cannot be verified ({str(exc).split('; ')[0]})"
+    if config is not None:
+        plan = plan_run(spec.config.replace(output=str(out / spec.name)), count_macs=False)
+        stored = config["run"] if isinstance(config.get("run"), dict) else {}
+        now = json.loads(json.dumps(plan.run.to_dict()))  # as config.json stores it
+        saved = json.loads(json.dumps(ModelSpec.from_dict(config["model"]).options()))
+        built = json.loads(json.dumps(plan.spec.options()))
+        changed = [f"{k} {stored.get(k)!r} there, {now.get(k)!r} now" for k in sorted(set(stored) | set(now))
+                   if k not in RESULT_NEUTRAL and k not in ("data", "model_overrides") and stored.get(k) != now.get(k)]
+        changed += [f"{k} {saved.get(k)!r} there, {built.get(k)!r} now" for k in sorted(set(saved) | set(built))
+                    if k != "name" and saved.get(k) != built.get(k)]
+        if changed:
+            return f"it was trained with other settings ({'; '.join(changed)})"
     if not can_diagnose(grid_run, diagnostics):
         made = "" if diagnostics is None else (f" and no diagnostics.json for {diagnostics[1]} images at threshold "
                                                f"{diagnostics[0]:g} (`vitlab lr-sensitivity --diagnose` writes it)")
         return f"it holds no {WEIGHTS} (a run record kept without weights), which the diagnostics read{made}"
-    try:
-        config = verified_config(grid_run)
-    except CheckpointError as exc:
-        return f"it cannot be verified ({str(exc).split('; ')[0]})"
-    plan = plan_run(spec.config.replace(output=str(out / spec.name)), count_macs=False)
-    stored = config["run"] if isinstance(config.get("run"), dict) else {}
-    now = json.loads(json.dumps(plan.run.to_dict()))  # as config.json stores it
-    saved = json.loads(json.dumps(ModelSpec.from_dict(config["model"]).options()))
-    built = json.loads(json.dumps(plan.spec.options()))
-    changed = [f"{k} {stored.get(k)!r} there, {now.get(k)!r} now" for k in sorted(set(stored) | set(now))
-               if k not in RESULT_NEUTRAL and k not in ("data", "model_overrides") and stored.get(k) != now.get(k)]
-    changed += [f"{k} {saved.get(k)!r} there, {built.get(k)!r} now" for k in sorted(set(saved) | set(built))
-                if k != "name" and saved.get(k) != built.get(k)]
-    if changed:
-        return f"it was trained with other settings ({'; '.join(changed)})"
+    if unverified is not None:
+        return unverified
     try:
         summary, _ = check_run(grid_run, spec.config)  # the engine's own decision, as the copy will be read back
     except UnverifiedRun:
