@@ -238,6 +238,10 @@ def _budget_claims() -> tuple[Claim, ...]:
     out += [Claim("budget-dp-rule-24", "10", f"uniform drop-path 0.1 as good as linear 0.1 at 24 blocks for {BEST} "
                   "(margin 0.5 points)", f"depth_budget_dp_uniform/{BEST}_depth24",
                   f"depth_budget_dp_linear/{BEST}_depth24", margin=0.5, runs=BUDGET_SEEDS),
+            # the design's control is drop-path 0 against both rules (stated before phase 4 ran)
+            Claim("budget-dp-0-uniform-24", "10", f"drop-path 0 as good as uniform 0.1 at 24 blocks for {BEST} "
+                  "(margin 0.5 points)", f"depth_budget/{BEST}_depth24", f"depth_budget_dp_uniform/{BEST}_depth24",
+                  margin=0.5, runs=BUDGET_SEEDS),
             Claim("budget-dp-0-24", "10", f"drop-path 0 as good as linear 0.1 at 24 blocks for {BEST} (margin 0.5 "
                   "points)", f"depth_budget/{BEST}_depth24", f"depth_budget_dp_linear/{BEST}_depth24", margin=0.5,
                   runs=BUDGET_SEEDS)]

@@ -146,6 +146,15 @@ def test_the_best_arm_is_chosen_on_validation_accuracy_never_on_the_test_set(tmp
     # the uniform rule has no runs yet: pending, for the arm chosen
     row = v.evaluate(_claim(v, "budget-dp-rule-24"), tmp_path)
     assert row["verdict"] == v.PENDING and row["seeds"] == "0/5 of 5" and "qknorm" in row["comparison"]
+    row = v.evaluate(_claim(v, "budget-dp-0-uniform-24"), tmp_path)
+    assert row["verdict"] == v.PENDING and row["seeds"] == "5/0 of 5"
+    assert row["comparison"] == "depth_budget/qknorm_depth24 - depth_budget_dp_uniform/qknorm_depth24"
+    for seed in range(5):  # drop-path 0 against both rules: the uniform runs give the second control its verdict
+        _run(tmp_path, "depth_budget_dp_uniform", f"qknorm_depth24_seed{seed}", seed=seed, depth=24,
+             test_acc=0.80 + 0.001 * seed - 0.0003 * (-1) ** seed)
+    row = v.evaluate(_claim(v, "budget-dp-0-uniform-24"), tmp_path)
+    assert "TOST" in row["test"] and row["seeds"] == "5/5" and row["verdict"] != v.PENDING
+    assert -0.5 < float(row["ci_low"]) < float(row["effect"]) < float(row["ci_high"]) < 0.5, row  # 0.03-point swings
 
 
 def test_the_best_arm_waits_for_every_arm_at_24_blocks(tmp_path):
