@@ -168,6 +168,39 @@ def test_the_best_arm_waits_for_every_arm_at_24_blocks(tmp_path):
     assert row["verdict"] == v.PENDING and row["seeds"] == "0/0 of 5" and v.BEST_PENDING in row["claim"]
 
 
+def test_the_drop_path_table_holds_the_best_arms_three_settings_and_no_number_from_part_of_one(tmp_path):
+    d = load_script("drop_path_controls")
+    for seed in range(5):  # the best arm on validation is qknorm, whatever the test set says (cait)
+        _run(tmp_path, "depth_budget", f"cait_depth24_seed{seed}", seed=seed, depth=24, val_acc=0.80, test_acc=0.99)
+    rows = list(csv.DictReader(d.table(tmp_path).splitlines()))
+    assert [r["status"] for r in rows] == ["pending (the best arm is chosen when phase 2 ends)"] * 3
+    assert all(r[c] == "" for r in rows for c in d.NUMBERS)
+    for f in (tmp_path / "depth_budget").glob("cait_depth24_seed*/*"):
+        f.unlink()
+    for run in (tmp_path / "depth_budget").glob("cait_depth24_seed*"):
+        run.rmdir()
+    _phase2_at_24(tmp_path)
+    for seed in range(5):
+        probes = {"token_similarity": [0.1] * 23 + [0.3 + 0.1 * seed ** 2], "max_logit": [float(seed)] * 23 + [40.0]}
+        _run(tmp_path, "depth_budget_dp_uniform", f"qknorm_depth24_seed{seed}", seed=seed, depth=24,
+             val_acc=0.88, test_acc=0.81 + 0.002 * seed, probes=probes)
+    for seed in range(3):
+        _run(tmp_path, "depth_budget_dp_linear", f"qknorm_depth24_seed{seed}", seed=seed, depth=24)
+    none, uniform, linear = csv.DictReader(d.table(tmp_path).splitlines())
+    assert (none["arm"], none["drop_path"], none["rule"], none["runs"]) == ("QK-layernorm", "0", "none",
+                                                                            "depth_budget/qknorm_depth24")
+    assert float(none["test_acc_median"]) == pytest.approx(80.2)  # points; seeds 0.800..0.804
+    assert float(none["val_acc_median"]) == pytest.approx(90.2)
+    assert none["token_similarity_last"] == ""  # phase 2's runs here have no probes: no number made up
+    assert uniform["status"] == "complete" and uniform["seeds"] == "5/5"
+    assert float(uniform["test_acc_mean"]) == pytest.approx(81.4)
+    assert float(uniform["test_acc_sd"]) == pytest.approx(statistics.stdev([81.0, 81.2, 81.4, 81.6, 81.8]))
+    assert float(uniform["token_similarity_last"]) == pytest.approx(0.7)  # the last block's, median (not mean)
+    assert float(uniform["max_logit_max"]) == pytest.approx(40.0)  # the largest of any block
+    assert linear["status"] == "pending (3 of 5 seeds)" and linear["seeds"] == "3/5"
+    assert all(linear[c] == "" for c in d.NUMBERS)
+
+
 # ------------------------------------------------------------------------------------------------ LR sensitivity
 
 
