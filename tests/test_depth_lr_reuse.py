@@ -419,6 +419,23 @@ def test_a_study_reads_back_a_run_kept_without_weights_or_diagnostics_and_writes
     assert not (out / "vit_depth1_seed1" / "diagnostics.json").exists()  # nothing made up for it
 
 
+def test_the_similarity_figure_comes_from_the_lowest_seed_with_diagnostics(tmp_path, trained):
+    """Seed 0 restored from a record kept before its diagnostics were written: the heatmap of the deepest depth
+    comes from seed 1 (its panel says so) instead of the study failing while it writes its report."""
+    from vitlab.cli import main
+
+    out = tmp_path / "d"
+    argv = _argv(out, "--seeds", "2")
+    assert main(argv) == 0
+    for run in ("vit_depth1_seed0", "vit_depth1_seed1"):
+        for name in ("model.safetensors", "state.pt", "manifest.json"):
+            (out / run / name).unlink()
+    (out / "vit_depth1_seed0" / "diagnostics.json").unlink()
+    (out / "similarity_depth1.png").unlink()
+    assert main(argv) == 0
+    assert (out / "similarity_depth1.png").is_file() and "similarity_depth1.png" in (out / "index.html").read_text()
+
+
 def test_kept_diagnostics_are_read_back_only_at_their_settings(tmp_path):
     """The one rule both diagnose() and --lr-from/--reuse use to read a run's diagnostics.json instead of its
     weights: the same threshold and number of images; ``current`` also wants this version."""

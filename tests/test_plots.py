@@ -57,6 +57,24 @@ def test_similarity_of_a_one_block_model_read_back_from_json_draws(tmp_path):
     assert out.is_file() and out.stat().st_size > 0
 
 
+def test_similarity_names_a_seed_other_than_0_and_draws_nothing_without_diagnostics(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from vitlab.plots.depth import plot_similarity
+
+    titles = []
+    real = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, s, *a, **k: (titles.append(s),
+                                                                                     real(self, s, *a, **k))[1])
+    group = {"group": "self_attention", "mean_similarity": 0.5, "similarity": [[1.0, 0.5], [0.5, 1.0]]}
+    out = plot_similarity({"vit": {"collapse": [group], "seed": 2}, "cait": {"collapse": [group]}}, 2,
+                          tmp_path / "sim.png")
+    assert out.is_file() and titles == ["vit seed 2 (mean 0.50)", "cait (mean 0.50)"]
+    empty = {"residual_ratios": [], "collapse": [], "collapse_pre_mix": []}  # a failed run's diagnostics
+    assert plot_similarity({"vit": empty}, 2, tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_accuracy_figure_draws_the_median_line_and_every_seed(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Given the runs, the line is the median over seeds (not the mean one outlying seed drags); each seed a dot."""

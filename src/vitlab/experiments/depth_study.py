@@ -307,8 +307,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
             "deepest depth. The per-epoch figure follows the deepest runs during training on a fixed batch of "
             "training images (never test images). docs/analysis.md defines each probe.", shown, files))
     sim_name = f"similarity_depth{max(depths)}.png"
-    if deepest:
-        plot_similarity(deepest, max(depths), out / sim_name)
+    drawn = plot_similarity(deepest, max(depths), out / sim_name) if deepest else None
     write_json(out / "summary.json", {**meta, "results": agg, "warning": warning})
     lines = best_depths(agg, variants)
     variants_rows = [{"variant": v, "what": DESCRIPTIONS[v],
@@ -335,7 +334,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                 f"curves mean the extra blocks repeat the same attention.{pre_mix_text} The per-layer figure "
                 "counts, for each layer, the other layers whose maps are above the threshold (DeepViT's number of "
                 "similar blocks).", ["collapse_vs_depth.png", "similar_blocks.png"]
-                + ([sim_name] if deepest else []), ["collapse_layers.csv"]),
+                + ([sim_name] if drawn else []), ["collapse_layers.csv"]),
         *probe_sections,
         Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (Touvron et al. "
                 "2021, CaiT), mean over the test images used for the diagnostics and over seeds.",
@@ -351,7 +350,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                                       for k, v in meta.items()]]),
     ]
     write_report(out, title, command, sections)
-    return {"summary": agg, "figures": figures + ([sim_name] if deepest else []), "text": lines,
+    return {"summary": agg, "figures": figures + ([sim_name] if drawn else []), "text": lines,
             "warning": warning}
 
 
@@ -648,8 +647,10 @@ def run_depth_study(config: DepthStudyConfig) -> dict[str, Any]:
         end, epochs = probe_rows(spec, diag, out / spec.name)
         probe_layers += end
         probe_epochs += epochs
-        if spec.info["depth"] == depths[-1] and spec.info["seed"] == 0:
-            deepest[spec.info["variant"]] = diag
+        # the similarity heatmaps: per variant the lowest seed at the deepest depth that has diagnostics (seed 0
+        # unless its run failed or was restored from a record kept without them)
+        if spec.info["depth"] == depths[-1] and diag.get("collapse") and spec.info["variant"] not in deepest:
+            deepest[spec.info["variant"]] = {**diag, "seed": spec.info["seed"]}
     meta = {"base": config.base, "dataset": cfg.dataset, "depths": depths, "variants": variants,
             "seeds": config.seeds, "num_images": n, "threshold": config.threshold, "run_config": cfg.to_dict()}
     if config.lr_from:

@@ -186,9 +186,11 @@ def plot_similar_blocks(layer_rows: list[dict[str, Any]], variants: list[str], d
     return save(fig, path)
 
 
-def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Path) -> Path:
-    """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (seed 0), plus
-    one of the softmax maps before a head mix ("pre-mix": re-attention, talking heads), three panels per row."""
+def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Path) -> Path | None:
+    """Cross-layer similarity of the self-attention maps, one heatmap per variant at ``depth`` (the seed in each
+    diagnostics' ``seed``, 0 when absent; a panel names any other), plus one of the softmax maps before a head mix
+    ("pre-mix": re-attention, talking heads), three panels per row. None, and nothing drawn, when no diagnostics
+    hold a self-attention group (every run failed or was kept without its diagnostics)."""
     import math as m
 
     import numpy as np
@@ -197,12 +199,15 @@ def plot_similarity(diags: dict[str, dict[str, Any]], depth: int, path: str | Pa
 
     panels = []
     for variant, diag in diags.items():
-        for key, label in (("collapse", variant), ("collapse_pre_mix", f"{variant} pre-mix")):
+        name = variant if not diag.get("seed") else f"{variant} seed {diag['seed']}"
+        for key, label in (("collapse", name), ("collapse_pre_mix", f"{name} pre-mix")):
             sa = next((g for g in diag.get(key, []) if g["group"] == "self_attention"), None)
             if sa:  # one block has no pair to compare: its similarity is NaN (null once read back from JSON)
                 mean = sa.get("mean_similarity")
                 shown = f"{mean:.2f}" if isinstance(mean, int | float) and m.isfinite(mean) else "n/a"
                 panels.append((f"{label} (mean {shown})", np.array(sa["similarity"], dtype=float)))
+    if not panels:
+        return None
     cols = min(3, len(panels))
     rows = m.ceil(len(panels) / cols)
     lo = min(0.0, *(float(p[1].min()) for p in panels))
