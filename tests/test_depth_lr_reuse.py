@@ -421,7 +421,8 @@ def test_a_study_reads_back_a_run_kept_without_weights_or_diagnostics_and_writes
 
 def test_the_similarity_figure_comes_from_the_lowest_seed_with_diagnostics(tmp_path, trained):
     """Seed 0 restored from a record kept before its diagnostics were written: the heatmap of the deepest depth
-    comes from seed 1 (its panel says so) instead of the study failing while it writes its report."""
+    comes from seed 1 (its panel says so) instead of the study failing while it writes its report; with no seed
+    diagnosable the tables are written and the figures of diagnostics left out."""
     from vitlab.cli import main
 
     out = tmp_path / "d"
@@ -434,6 +435,16 @@ def test_the_similarity_figure_comes_from_the_lowest_seed_with_diagnostics(tmp_p
     (out / "similarity_depth1.png").unlink()
     assert main(argv) == 0
     assert (out / "similarity_depth1.png").is_file() and "similarity_depth1.png" in (out / "index.html").read_text()
+    # no seed diagnosable: the study still writes its tables (diagnostic columns empty) and leaves those figures out
+    (out / "vit_depth1_seed1" / "diagnostics.json").unlink()
+    for name in ("similarity_depth1.png", "residual_ratios.png", "similar_blocks.png", "results.csv"):
+        (out / name).unlink()
+    assert main(argv) == 0
+    assert [r["test_acc"] != "" for r in read_rows(out / "results.csv")] == [True, True]
+    assert (out / "residual_ratios.csv").read_text().startswith("variant,depth,seed,block")
+    report = (out / "index.html").read_text()
+    for name in ("similarity_depth1.png", "residual_ratios.png", "similar_blocks.png"):
+        assert not (out / name).exists() and name not in report, name
 
 
 def test_kept_diagnostics_are_read_back_only_at_their_settings(tmp_path):

@@ -191,6 +191,11 @@ def result_row(spec: RunSpec, summary: dict, diag: dict[str, Any], validation: b
     return row
 
 
+RATIO_COLUMNS = ["variant", "depth", "seed", "block", "kind", "attn_mean", "attn_std", "mlp_mean", "mlp_std"]
+LAYER_COLUMNS = ["variant", "depth", "seed", "maps", "group", "layer", "similar_blocks", "similarity_prev",
+                 "mean_similarity_others"]
+
+
 def per_layer_rows(spec: RunSpec, diag: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     """Residual ratios per block and similar-block counts per attention layer of one run."""
     key = {k: spec.info[k] for k in ("variant", "depth", "seed")}
@@ -264,8 +269,9 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
     warning = undertrained_warning(rows, meta["dataset"], (meta.get("run_config") or {}).get("limit_train"))
     write_csv(out / "results.csv", rows)
     write_csv(out / "summary.csv", agg)
-    write_csv(out / "residual_ratios.csv", ratio_rows)
-    write_csv(out / "collapse_layers.csv", layer_rows)
+    # empty (headers only) when no run has diagnostics: every run restored from a record kept before they were written
+    write_csv(out / "residual_ratios.csv", ratio_rows, RATIO_COLUMNS)
+    write_csv(out / "collapse_layers.csv", layer_rows, LAYER_COLUMNS)
     plot_accuracy(agg, variants, out / "accuracy_vs_depth.png", runs=rows, planned=meta.get("seeds"))
     collapse_panels = [("mean_similarity", "mean cross-layer similarity", 1.0),
                        ("similar_fraction", f"layers with a similar block (> {threshold:g})", 1.0)]
@@ -278,9 +284,13 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         collapse_panels.append(("attn_entropy", "entropy of the softmax maps (1 = uniform)", 1.0))
     plot_against_depth(agg, variants, collapse_panels, out / "collapse_vs_depth.png",
                        "attention collapse (self-attention maps)")
-    plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
-    plot_similar_blocks(layer_rows, variants, depths, threshold, out / "similar_blocks.png")
-    figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", "residual_ratios.png", "similar_blocks.png"]
+    ratio_fig = ["residual_ratios.png"] if ratio_rows else []
+    blocks_fig = ["similar_blocks.png"] if layer_rows else []
+    if ratio_rows:
+        plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
+    if layer_rows:
+        plot_similar_blocks(layer_rows, variants, depths, threshold, out / "similar_blocks.png")
+    figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", *ratio_fig, *blocks_fig]
     probe_sections = []
     if probe_layers:
         from vitlab.plots.depth import plot_probe_epochs, plot_probes
@@ -333,12 +343,12 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                 f"queries), and the share of layers that have at least one other layer above {threshold:g}. Rising "
                 f"curves mean the extra blocks repeat the same attention.{pre_mix_text} The per-layer figure "
                 "counts, for each layer, the other layers whose maps are above the threshold (DeepViT's number of "
-                "similar blocks).", ["collapse_vs_depth.png", "similar_blocks.png"]
+                "similar blocks).", ["collapse_vs_depth.png", *blocks_fig]
                 + ([sim_name] if drawn else []), ["collapse_layers.csv"]),
         *probe_sections,
         Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (Touvron et al. "
                 "2021, CaiT), mean over the test images used for the diagnostics and over seeds.",
-                ["residual_ratios.png"], ["residual_ratios.csv"]),
+                ratio_fig, ["residual_ratios.csv"]),
         Section("Variants", "Every variant uses the base preset's width, heads, image and patch size, position "
                 "embedding and the same recipe, except the run options a variant sets itself (T-Fixup: no "
                 "warm-up); results.csv records the exact overrides and run options of each run. Each run's "
