@@ -290,6 +290,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
     if layer_rows:
         plot_similar_blocks(layer_rows, variants, depths, threshold, out / "similar_blocks.png")
+    for name in {"residual_ratios.png", "similar_blocks.png"} - set(ratio_fig + blocks_fig):
+        (out / name).unlink(missing_ok=True)  # an earlier write's figure would show diagnostics the tables lack
     figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", *ratio_fig, *blocks_fig]
     probe_sections = []
     if probe_layers:
@@ -318,6 +320,8 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
             "training images (never test images). docs/analysis.md defines each probe.", shown, files))
     sim_name = f"similarity_depth{max(depths)}.png"
     drawn = plot_similarity(deepest, max(depths), out / sim_name) if deepest else None
+    if drawn is None:
+        (out / sim_name).unlink(missing_ok=True)
     write_json(out / "summary.json", {**meta, "results": agg, "warning": warning})
     lines = best_depths(agg, variants)
     variants_rows = [{"variant": v, "what": DESCRIPTIONS[v],
