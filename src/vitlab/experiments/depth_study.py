@@ -284,14 +284,18 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
         collapse_panels.append(("attn_entropy", "entropy of the softmax maps (1 = uniform)", 1.0))
     plot_against_depth(agg, variants, collapse_panels, out / "collapse_vs_depth.png",
                        "attention collapse (self-attention maps)")
-    ratio_fig = ["residual_ratios.png"] if ratio_rows else []
-    blocks_fig = ["similar_blocks.png"] if layer_rows else []
-    if ratio_rows:
-        plot_ratios(ratio_rows, variants, depths, out / "residual_ratios.png")
-    if layer_rows:
-        plot_similar_blocks(layer_rows, variants, depths, threshold, out / "similar_blocks.png")
-    for name in {"residual_ratios.png", "similar_blocks.png"} - set(ratio_fig + blocks_fig):
-        (out / name).unlink(missing_ok=True)  # an earlier write's figure would show diagnostics the tables lack
+    def drawn(name: str, draw: Callable[[Path], Path | None] | None) -> list[str]:
+        """``[name]`` when ``draw`` drew it; else ``[]``, and an earlier write's figure of that name is removed (no
+        run has the diagnostics it would show)."""
+        if draw is not None and draw(out / name) is not None:
+            return [name]
+        (out / name).unlink(missing_ok=True)
+        return []
+
+    ratio_fig = drawn("residual_ratios.png",
+                      (lambda p: plot_ratios(ratio_rows, variants, depths, p)) if ratio_rows else None)
+    blocks_fig = drawn("similar_blocks.png", (lambda p: plot_similar_blocks(layer_rows, variants, depths, threshold, p))
+                       if layer_rows else None)
     figures = ["accuracy_vs_depth.png", "collapse_vs_depth.png", *ratio_fig, *blocks_fig]
     probe_sections = []
     if probe_layers:
@@ -318,10 +322,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
             "not measurable below 16 patch tokens per image); below them the same per block at the "
             "deepest depth. The per-epoch figure follows the deepest runs during training on a fixed batch of "
             "training images (never test images). docs/analysis.md defines each probe.", shown, files))
-    sim_name = f"similarity_depth{max(depths)}.png"
-    drawn = plot_similarity(deepest, max(depths), out / sim_name) if deepest else None
-    if drawn is None:
-        (out / sim_name).unlink(missing_ok=True)
+    sim_fig = drawn(f"similarity_depth{max(depths)}.png", lambda p: plot_similarity(deepest, max(depths), p))
     write_json(out / "summary.json", {**meta, "results": agg, "warning": warning})
     lines = best_depths(agg, variants)
     variants_rows = [{"variant": v, "what": DESCRIPTIONS[v],
@@ -347,8 +348,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                 f"queries), and the share of layers that have at least one other layer above {threshold:g}. Rising "
                 f"curves mean the extra blocks repeat the same attention.{pre_mix_text} The per-layer figure "
                 "counts, for each layer, the other layers whose maps are above the threshold (DeepViT's number of "
-                "similar blocks).", ["collapse_vs_depth.png", *blocks_fig]
-                + ([sim_name] if drawn else []), ["collapse_layers.csv"]),
+                "similar blocks).", ["collapse_vs_depth.png", *blocks_fig, *sim_fig], ["collapse_layers.csv"]),
         *probe_sections,
         Section("Residual ratios", "||gate(branch(x))||_2 / ||x||_2 per block after training (Touvron et al. "
                 "2021, CaiT), mean over the test images used for the diagnostics and over seeds.",
@@ -364,7 +364,7 @@ def write_study(out: Path, rows: list[dict], ratio_rows: list[dict], layer_rows:
                                       for k, v in meta.items()]]),
     ]
     write_report(out, title, command, sections)
-    return {"summary": agg, "figures": figures + ([sim_name] if drawn else []), "text": lines,
+    return {"summary": agg, "figures": figures + sim_fig, "text": lines,
             "warning": warning}
 
 
