@@ -16,8 +16,10 @@ A phase's runs are those ``scripts/depth_budget.sh`` asks for (one row per outpu
 A rate study's cell plans every rate of :data:`GRID` and any rate it has added beyond the grid's edge (``--bracket``:
 a rate is planned once a run of it exists, so a rate still to be added is not counted yet). A run is finished when its
 ``summary.json`` is kept; a run the study copies from another phase's record counts as ``to copy``, not as one to
-train. The cost column multiplies the runs to train at each depth by the median ``wall_time_s`` of the study's
-finished runs at that depth (each trained with two workers on a 2-core machine: a rough guide, not a measurement).
+train. The machines column names the processors the finished runs trained on (from each ``summary.json``), with how
+many runs each: times are comparable within one machine only. The cost column multiplies the runs to train at each
+depth by the median ``wall_time_s`` of the study's finished runs at that depth (each trained with two workers on a
+2-core machine: a rough guide, not a measurement).
 
     python scripts/budget_progress.py           # write docs/results/depth_budget/progress.csv
     python scripts/budget_progress.py --check   # exit 1 when the CSV differs from the records
@@ -45,7 +47,7 @@ DEPTHS = (6, 12, 24)
 WORTSMAN_SEEDS = 3
 BEST = "best"  # a phase 4 cell's arm: the one verdicts.best_arm chooses when phase 2 ends
 COLUMNS = ["phase", "runs", "what", "finished", "planned", "to_copy", "train_6", "train_12", "train_24", "hours",
-           "status"]
+           "status", "machines"]
 RUN_NAME = re.compile(r"(?P<arm>[a-z]+)_depth(?P<depth>\d+)(?:_lr(?P<lr>[0-9.e+-]+))?_seed(?P<seed>\d+)$")
 
 
@@ -160,6 +162,27 @@ def run_seconds(records: Records) -> dict[int, float]:
     return {d: statistics.median(t) for d, t in times.items()}
 
 
+def machine(summary: dict) -> str:
+    """The processor a run trained on, as its ``summary.json`` names it (the GPU for a GPU run), shortened:
+    ``"Intel(R) Xeon(R) Processor @ 2.80GHz (cpu family 6, model 106)"`` reads ``"Intel Xeon @ 2.80GHz (family 6,
+    model 106)"``; ``"unrecorded"`` for a record that does not say."""
+    name = summary.get("gpu") if summary.get("device", "cpu") != "cpu" and summary.get("gpu") else summary.get("cpu")
+    if not name:
+        return "unrecorded"
+    name = re.sub(r"\((?:R|TM)\)|\bProcessor\b|\bCPU\b(?= @)", "", str(name), flags=re.IGNORECASE)
+    return re.sub(r"\s+", " ", name.replace("cpu family", "family")).strip()
+
+
+def machines(runs: list[Path]) -> str:
+    """``"name: count; ..."`` over ``runs``, most runs first (ties by name): where a phase's runs trained, so that
+    a time is compared only within one machine."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        name = machine(json.loads((run / "summary.json").read_text()))
+        counts[name] = counts.get(name, 0) + 1
+    return "; ".join(f"{name}: {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def _hours(train: dict[int, int], seconds: dict[int, float]) -> str:
     if any(n and d not in seconds for d, n in train.items()):
         return ""  # a depth with runs to train and no finished run to time
@@ -169,7 +192,7 @@ def _hours(train: dict[int, int], seconds: dict[int, float]) -> str:
 def rows(runs: Path = RUNS) -> list[dict[str, str]]:
     """One row per phase folder, then ``all``: the totals, and the median run time per depth the cost uses."""
     records = Records(runs)
-    best, seconds, out = best_arm(runs), run_seconds(records), []
+    best, seconds, out, every = best_arm(runs), run_seconds(records), [], []
     total, train_total = {"finished": 0, "planned": 0, "to_copy": 0}, {d: 0 for d in DEPTHS}
     for phase in PHASES:
         done = records.finished(phase.folder)
@@ -186,7 +209,8 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
         out.append({"phase": phase.phase, "runs": phase.folder, "what": what, "finished": str(n_done),
                     "planned": str(len(plan)), "to_copy": str(len(copies)),
                     **{f"train_{d}": str(train[d]) for d in DEPTHS}, "hours": _hours(train, seconds),
-                    "status": status})
+                    "status": status, "machines": machines([done[r] for r in plan if r in done])})
+        every += [done[r] for r in plan if r in done]
         for key, n in (("finished", n_done), ("planned", len(plan)), ("to_copy", len(copies))):
             total[key] += n
         for d in DEPTHS:
@@ -196,7 +220,7 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
         f"; a run takes about {per_run} blocks (the median wall time of the finished runs)" if per_run else ""),
         "finished": str(total["finished"]), "planned": str(total["planned"]), "to_copy": str(total["to_copy"]),
         **{f"train_{d}": str(train_total[d]) for d in DEPTHS}, "hours": _hours(train_total, seconds),
-        "status": "complete" if total["finished"] == total["planned"] else "under way"})
+        "status": "complete" if total["finished"] == total["planned"] else "under way", "machines": machines(every)})
     return out
 
 

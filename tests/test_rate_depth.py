@@ -486,6 +486,27 @@ def test_progress_of_a_finished_phase_and_the_best_arm(tmp_path, monkeypatch):
     assert uniform["hours"] == f"{5 * 900 / 3600:.1f}"
 
 
+def test_progress_names_the_machines_each_phases_finished_runs_trained_on(tmp_path, monkeypatch):
+    """A time compares only within one CPU: each phase's row counts its finished runs per processor, as their
+    records name it (a GPU run by its GPU), most first; a run outside the phase's plan is not counted."""
+    p = load_script("budget_progress")
+    monkeypatch.setattr(p, "best_arm", lambda runs: "qknorm")
+    xeon, epyc = "Intel(R) Xeon(R) Processor @ 2.80GHz (cpu family 6, model 106)", "AMD EPYC (cpu family 25, model 1)"
+    for seed, where in enumerate([{"cpu": xeon}, {"cpu": epyc}, {"cpu": xeon}, {},
+                                  {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "cpu": epyc}]):
+        run = _run(tmp_path, "depth_budget_dp_linear", f"qknorm_depth24_seed{seed}", seed=seed, depth=24)
+        summary = {k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k not in ("cpu", "gpu")}
+        (run / "summary.json").write_text(json.dumps({**summary, **where}))
+    extra = _run(tmp_path, "depth_budget_dp_linear", "vit_depth24_seed0", seed=0, depth=24)  # not the best arm's
+    (extra / "summary.json").write_text(json.dumps({**json.loads((extra / "summary.json").read_text()), "cpu": epyc}))
+    rows = {r["runs"]: r for r in p.rows(tmp_path)}
+    assert rows["depth_budget_dp_linear"]["machines"] == (
+        "Intel Xeon @ 2.80GHz (family 6, model 106): 2; AMD EPYC (family 25, model 1): 1; NVIDIA H100 80GB HBM3: 1; "
+        "unrecorded: 1")
+    assert rows["depth_budget_dp_uniform"]["machines"] == ""  # nothing finished there
+    assert rows["depth_budget*"]["machines"] == rows["depth_budget_dp_linear"]["machines"]
+
+
 def test_the_committed_progress_table_is_computed_from_the_run_records():
     """docs/results/depth_budget/progress.csv is what the kept records give: a hand edit, or records committed
     without rerunning the script, fail here."""
