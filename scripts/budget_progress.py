@@ -98,6 +98,13 @@ class Records:
         self.runs = runs
         self._finished: dict[str, dict[tuple[str, int, float | None, int], Path]] = {}
         self._best: dict[tuple[str, int], float | None] = {}
+        self._summaries: dict[Path, dict] = {}
+
+    def summary(self, run: Path) -> dict:
+        """The finished run's ``summary.json``, read once (the cost and the machines columns both use it)."""
+        if run not in self._summaries:
+            self._summaries[run] = json.loads((run / "summary.json").read_text())
+        return self._summaries[run]
 
     def finished(self, folder: str) -> dict[tuple[str, int, float | None, int], Path]:
         """:func:`finished` of the phase folder ``folder``."""
@@ -156,7 +163,7 @@ def run_seconds(records: Records) -> dict[int, float]:
     times: dict[int, list[float]] = {}
     for phase in PHASES:
         for (_, depth, _, _), run in records.finished(phase.folder).items():
-            wall = json.loads((run / "summary.json").read_text()).get("wall_time_s")
+            wall = records.summary(run).get("wall_time_s")
             if isinstance(wall, (int, float)) and wall > 0:
                 times.setdefault(depth, []).append(float(wall))
     return {d: statistics.median(t) for d, t in times.items()}
@@ -173,12 +180,12 @@ def machine(summary: dict) -> str:
     return re.sub(r"\s+", " ", name.replace("cpu family", "family")).strip()
 
 
-def machines(runs: list[Path]) -> str:
-    """``"name: count; ..."`` over ``runs``, most runs first (ties by name): where a phase's runs trained, so that
-    a time is compared only within one machine."""
+def machines(summaries: list[dict]) -> str:
+    """``"name: count; ..."`` over the runs' ``summaries``, most runs first (ties by name): where a phase's runs
+    trained, so that a time is compared only within one machine."""
     counts: dict[str, int] = {}
-    for run in runs:
-        name = machine(json.loads((run / "summary.json").read_text()))
+    for summary in summaries:
+        name = machine(summary)
         counts[name] = counts.get(name, 0) + 1
     return "; ".join(f"{name}: {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -200,7 +207,8 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
         left = [r for r in plan if r not in done]
         copies = [r for r in left if copy_source(phase, r, records)]
         train = {d: sum(1 for r in left if r[1] == d and r not in copies) for d in DEPTHS}
-        n_done = sum(1 for r in plan if r in done)
+        kept = [done[r] for r in plan if r in done]  # the planned runs that have finished
+        n_done = len(kept)
         if phase.cells[0][0] == BEST and best is None:
             status = "waits for phase 2 to choose its arm"
         else:
@@ -209,8 +217,8 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
         out.append({"phase": phase.phase, "runs": phase.folder, "what": what, "finished": str(n_done),
                     "planned": str(len(plan)), "to_copy": str(len(copies)),
                     **{f"train_{d}": str(train[d]) for d in DEPTHS}, "hours": _hours(train, seconds),
-                    "status": status, "machines": machines([done[r] for r in plan if r in done])})
-        every += [done[r] for r in plan if r in done]
+                    "status": status, "machines": machines([records.summary(r) for r in kept])})
+        every += kept
         for key, n in (("finished", n_done), ("planned", len(plan)), ("to_copy", len(copies))):
             total[key] += n
         for d in DEPTHS:
@@ -220,7 +228,8 @@ def rows(runs: Path = RUNS) -> list[dict[str, str]]:
         f"; a run takes about {per_run} blocks (the median wall time of the finished runs)" if per_run else ""),
         "finished": str(total["finished"]), "planned": str(total["planned"]), "to_copy": str(total["to_copy"]),
         **{f"train_{d}": str(train_total[d]) for d in DEPTHS}, "hours": _hours(train_total, seconds),
-        "status": "complete" if total["finished"] == total["planned"] else "under way", "machines": machines(every)})
+        "status": "complete" if total["finished"] == total["planned"] else "under way",
+        "machines": machines([records.summary(r) for r in every])})
     return out
 
 
